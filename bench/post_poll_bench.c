@@ -1,0 +1,124 @@
+/* Healthy-path cost of the shim on the fake fabric: ns per ibv_poll_cq on an empty CQ and per
+   ibv_post_send (inline 8-byte RDMA_WRITE) between fake0 and fake2. Run it with and without
+   LD_PRELOAD=libverbs_failover.so (bench/run.sh alternates the two) and compare: the fake's own
+   cost is the same in both, the difference is what the shim adds.
+   Usage: post_poll_bench [iterations]   (needs LD_LIBRARY_PATH at the fake libibverbs) */
+#define _GNU_SOURCE
+#include <infiniband/verbs.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+struct end {
+  struct ibv_context* ctx;
+  struct ibv_pd* pd;
+  struct ibv_cq* cq;
+  struct ibv_qp* qp;
+  struct ibv_mr* mr;
+  union ibv_gid gid;
+  char buf[4096];
+};
+
+static void fail(const char* what) {
+  fprintf(stderr, "post_poll_bench: %s failed\n", what);
+  exit(1);
+}
+
+static void open_end(struct end* e, struct ibv_device* dev) {
+  if (!(e->ctx = ibv_open_device(dev))) fail("open");
+  if (!(e->pd = ibv_alloc_pd(e->ctx))) fail("pd");
+  if (!(e->cq = ibv_create_cq(e->ctx, 256, NULL, NULL, 0))) fail("cq");
+  if (!(e->mr = ibv_reg_mr(e->pd, e->buf, sizeof(e->buf),
+                           IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE))) fail("mr");
+  struct ibv_qp_init_attr a = {.send_cq = e->cq, .recv_cq = e->cq, .qp_type = IBV_QPT_RC,
+                               .cap = {.max_send_wr = 128, .max_recv_wr = 16, .max_send_sge = 1,
+                                       .max_recv_sge = 1, .max_inline_data = 64}};
+  if (!(e->qp = ibv_create_qp(e->pd, &a))) fail("qp");
+  if (ibv_query_gid(e->ctx, 1, 1, &e->gid)) fail("gid");
+}
+
+static void connect_end(struct end* e, struct end* peer) {
+  struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .port_num = 1,
+                          .qp_access_flags = IBV_ACCESS_REMOTE_WRITE};
+  if (ibv_modify_qp(e->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+    fail("init");
+  memset(&a, 0, sizeof(a));
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = IBV_MTU_1024;
+  a.dest_qp_num = peer->qp->qp_num;
+  a.max_dest_rd_atomic = 1;
+  a.min_rnr_timer = 12;
+  a.ah_attr.is_global = 1;
+  a.ah_attr.grh.dgid = peer->gid;
+  a.ah_attr.grh.sgid_index = 1;
+  a.ah_attr.grh.hop_limit = 1;
+  a.ah_attr.port_num = 1;
+  if (ibv_modify_qp(e->qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                   IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+    fail("rtr");
+  memset(&a, 0, sizeof(a));
+  a.qp_state = IBV_QPS_RTS;
+  a.timeout = 14;
+  a.retry_cnt = 7;
+  a.rnr_retry = 7;
+  a.max_rd_atomic = 1;
+  if (ibv_modify_qp(e->qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                                   IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
+    fail("rts");
+}
+
+int main(int argc, char** argv) {
+  const long iterations = argc > 1 ? atol(argv[1]) : 1000000;
+  int num = 0;
+  struct ibv_device** list = ibv_get_device_list(&num);
+  if (!list || num < 3) fail("device list (run with LD_LIBRARY_PATH at the fake libibverbs)");
+  static struct end a, b;
+  open_end(&a, list[0]);
+  open_end(&b, list[2]);
+  connect_end(&a, &b);
+  connect_end(&b, &a);
+
+  struct ibv_wc wc[4];
+  for (long i = 0; i < 1000; ++i) ibv_poll_cq(a.cq, 4, wc); /* warm up */
+  double start = now_ns();
+  for (long i = 0; i < iterations; ++i) {
+    if (ibv_poll_cq(a.cq, 4, wc) != 0) fail("empty poll");
+  }
+  const double poll_ns = (now_ns() - start) / (double)iterations;
+
+  /* 15 unsignaled writes and one signaled one per batch; only the posting is timed. */
+  struct ibv_sge sge = {.addr = (uintptr_t)a.buf, .length = 8, .lkey = a.mr->lkey};
+  struct ibv_send_wr wr = {.opcode = IBV_WR_RDMA_WRITE, .sg_list = &sge, .num_sge = 1};
+  wr.wr.rdma.remote_addr = (uintptr_t)b.buf;
+  wr.wr.rdma.rkey = b.mr->rkey;
+  struct ibv_send_wr* bad = NULL;
+  double post_total = 0;
+  long posts = 0;
+  for (long batch = 0; posts < iterations; ++batch) {
+    const double t0 = now_ns();
+    for (int k = 0; k < 16; ++k) {
+      wr.wr_id = (uint64_t)posts;
+      wr.send_flags = IBV_SEND_INLINE | (k == 15 ? IBV_SEND_SIGNALED : 0);
+      if (ibv_post_send(a.qp, &wr, &bad)) fail("post_send");
+      ++posts;
+    }
+    post_total += now_ns() - t0;
+    int got = 0;
+    for (long spins = 0; got == 0; ++spins) {
+      got = ibv_poll_cq(a.cq, 4, wc);
+      if (got < 0 || (got > 0 && wc[0].status != IBV_WC_SUCCESS)) fail("completion");
+      if (spins > 100000000) fail("completion timeout");
+    }
+  }
+  printf("empty_poll_ns=%.2f post_send_ns=%.2f iterations=%ld\n", poll_ns, post_total / (double)posts,
+         iterations);
+  return 0;
+}

@@ -1,0 +1,66 @@
+// What the shim remembers about the provider objects it has touched. The application always
+// holds the provider's own objects (so every field — qp_num, handle, lkey... — is the provider's
+// and any provider function, mlx5dv_* included, can take them); the shim only redirects the
+// function pointers a provider publishes (ibv_context.ops, verbs_context, ibv_qp_ex, ibv_cq_ex)
+// and keeps the originals here, found again by the object's address.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <mutex>
+
+#include "core/object_registry.h"
+
+namespace vf::shim {
+
+struct ContextRecord {
+  ibv_context* context = nullptr;
+  ibv_context_ops ops{};  // the provider's data-path functions
+  // The provider's extended verbs (nullptr where its verbs_context is too short to have them).
+  decltype(verbs_context::query_port) query_port = nullptr;
+  decltype(verbs_context::query_device_ex) query_device_ex = nullptr;
+  decltype(verbs_context::create_qp_ex) create_qp_ex = nullptr;
+  decltype(verbs_context::create_cq_ex) create_cq_ex = nullptr;
+  decltype(verbs_context::create_srq_ex) create_srq_ex = nullptr;
+};
+
+struct QpExRecord {
+  ibv_qp_ex original{};  // the provider's wr_* functions
+};
+
+struct CqExRecord {
+  ibv_cq_ex original{};  // the provider's start_poll/next_poll/end_poll
+};
+
+// Limits: a process with more live objects than this runs the excess unmanaged (plain provider
+// functions, a warning once), never fails.
+inline constexpr std::size_t kMaxContexts = 1024;
+inline constexpr std::size_t kMaxExtendedQps = 1 << 16;
+inline constexpr std::size_t kMaxExtendedCqs = 1 << 14;
+
+using ContextRegistry = ObjectRegistry<ContextRecord, kMaxContexts>;
+using QpExRegistry = ObjectRegistry<QpExRecord, kMaxExtendedQps>;
+using CqExRegistry = ObjectRegistry<CqExRecord, kMaxExtendedCqs>;
+
+ContextRegistry& context_records();
+QpExRegistry& qp_ex_records();
+CqExRegistry& cq_ex_records();
+
+// Creation and destruction of managed objects are serialised, so an address freed by one thread
+// and reused by another is never seen with a stale record.
+std::mutex& lifecycle_mutex();
+
+// Patches a freshly opened context (ibv_open_device, ibv_import_device) and registers it.
+void manage_context(ibv_context* context);
+// After a successful ibv_close_device.
+void forget_context(ibv_context* context);
+// Extended QPs/CQs: patch the wr_* / poll functions the provider published.
+// Asked of libibverbs rather than read from verbs_qp: only it knows the provider's layout.
+ibv_qp_ex* qp_ex_of(ibv_qp* qp);
+void manage_qp_ex(ibv_qp* qp);
+// Takes the pointer qp_ex_of gave before the QP was destroyed (the QP's memory is gone after).
+void forget_qp_ex(ibv_qp_ex* qpx);
+void manage_cq_ex(ibv_cq_ex* cq);
+void forget_cq(ibv_cq* cq);
+
+}  // namespace vf::shim

@@ -1,0 +1,30 @@
+// Completion channels: how programs that sleep instead of busy-polling learn of completions.
+#include <infiniband/verbs.h>
+
+#include "shim/export.h"
+#include "shim/real_verbs.h"
+#include "shim/trace.h"
+
+using vf::shim::describe_context;
+using vf::shim::intercept;
+using vf::shim::real_verbs;
+
+VF_EXPORT ibv_comp_channel* ibv_create_comp_channel(ibv_context* context) {
+  return intercept("ibv_create_comp_channel", VF_ARGS("{}", describe_context(context)),
+                   [&] { return real_verbs().ibv_create_comp_channel(context); });
+}
+
+VF_EXPORT int ibv_destroy_comp_channel(ibv_comp_channel* channel) {
+  return intercept("ibv_destroy_comp_channel", VF_ARGS("channel={}", fmt::ptr(channel)),
+                   [&] { return real_verbs().ibv_destroy_comp_channel(channel); });
+}
+
+VF_EXPORT int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context) {
+  return intercept("ibv_get_cq_event", VF_ARGS("channel={}", fmt::ptr(channel)),
+                   [&] { return real_verbs().ibv_get_cq_event(channel, cq, cq_context); });
+}
+
+VF_EXPORT void ibv_ack_cq_events(ibv_cq* cq, unsigned int nevents) {
+  intercept("ibv_ack_cq_events", VF_ARGS("cq={} nevents={}", fmt::ptr(cq), nevents),
+            [&] { real_verbs().ibv_ack_cq_events(cq, nevents); });
+}

@@ -1,0 +1,28 @@
+// The shim's replacements for the function pointers providers publish. Each lives in the file of
+// its verb family; object_records.cc installs them.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+namespace vf::shim::ops {
+
+// ibv_context.ops (reached through the static inline ibv_post_send, ibv_poll_cq...)
+int post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr);
+int post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
+int post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
+int poll_cq(ibv_cq* cq, int num_entries, ibv_wc* wc);
+int req_notify_cq(ibv_cq* cq, int solicited_only);
+
+// verbs_context (reached through verbs_get_ctx_op in ibv_query_port, ibv_create_qp_ex...)
+int query_port(ibv_context* context, uint8_t port_num, ibv_port_attr* attr, size_t attr_len);
+int query_device_ex(ibv_context* context, const ibv_query_device_ex_input* input,
+                    ibv_device_attr_ex* attr, size_t attr_size);
+ibv_qp* create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr);
+ibv_cq_ex* create_cq_ex(ibv_context* context, ibv_cq_init_attr_ex* attr);
+ibv_srq* create_srq_ex(ibv_context* context, ibv_srq_init_attr_ex* attr);
+
+// ibv_qp_ex and ibv_cq_ex function tables.
+void install_qp_ex_hooks(ibv_qp_ex* qpx);
+void install_cq_ex_hooks(ibv_cq_ex* cq);
+
+}  // namespace vf::shim::ops
