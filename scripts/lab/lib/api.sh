@@ -1,0 +1,342 @@
+# shellcheck shell=bash
+# The functions a scenario (scripts/lab/scenarios/<name>.sh) calls; docs/lab.md is the contract.
+# A scenario runs in a subshell of the runner with these variables set:
+#   SCEN_NAME     the scenario as run (e.g. ib_write_bw@shim)   SCEN_VARIANT  plain | shim
+#   SCEN_DIR      its results folder (A/ and B/ hold each host's job logs)
+#   LAB_PORT      a TCP port for the scenario's own bootstrap, distinct per scenario of a run
+#   REPO_DIR, VF_SHIM, LAB_DIR
+
+declare -A SCEN_JOB=() # "HOST:NAME" -> agent job id
+
+_check_host() {
+  [[ $1 == A || $1 == B ]] || lab_fail "unknown host '$1' (A or B)"
+}
+
+# ip_of HOST NET -> the address of HOST (A|B) on NET (mgmt|rail0|rail1)
+ip_of() {
+  local p=${LAB_NET_PREFIX[$2]:-}
+  [[ -n $p ]] || lab_fail "unknown network '$2' (mgmt, rail0, rail1)"
+  printf '%s.%s' "$p" "${LAB_HOST_OCTET[$1]}"
+}
+
+# _start KIND HOST NAME [VAR=VALUE...] [--] COMMAND [ARG...]
+_start() {
+  local kind=$1 h=$2 name=$3
+  shift 3
+  _check_host "$h"
+  [[ $name =~ ^[A-Za-z0-9_.-]+$ ]] || lab_fail "job name '$name' must be [A-Za-z0-9_.-]+"
+  [[ -z ${SCEN_JOB[$h:$name]:-} ]] || lab_fail "job $h:$name started twice"
+  local envs=()
+  if [[ $kind == app && $SCEN_VARIANT == shim ]]; then
+    envs+=("LD_PRELOAD=$VF_SHIM" "VERBS_FAILOVER_LOG_FILE=$SCEN_DIR/$h/$name.vf.%p.log")
+    # The caller's VERBS_FAILOVER_* settings (log level, backtraces...) reach the application.
+    local v
+    while read -r v; do
+      [[ $v == VERBS_FAILOVER_LOG_FILE ]] || envs+=("$v=${!v}")
+    done < <(compgen -e | grep '^VERBS_FAILOVER_' || true)
+  fi
+  while (($#)) && [[ $1 =~ ^[A-Za-z_][A-Za-z0-9_]*= ]]; do
+    envs+=("$1")
+    shift
+  done
+  [[ ${1:-} == -- ]] && shift
+  (($#)) || lab_fail "job $h:$name has no command"
+  # The header comes first so that only the command itself sees the job's environment.
+  local script e
+  script="echo \"# \$(date -u +%FT%T.%3NZ) host $h job $name pid \$\$: \"$(printf '%q' "$(printf '%q ' "$@")")"$'\n'
+  for e in "${envs[@]}"; do
+    script+="export ${e%%=*}=$(printf '%q' "${e#*=}")"$'\n'
+  done
+  script+="exec $(printf '%q ' "$@")"
+  job_submit "$h" "$name" "$SCEN_DIR/$h/$name.log" "$script"
+  SCEN_JOB[$h:$name]=$JOB_ID
+  local shown="$*"
+  log "start $h:$name: ${shown//$'\n'/ }"
+}
+
+# on HOST NAME [VAR=VALUE...] [--] COMMAND [ARG...]: start COMMAND in HOST, in the background.
+# Output goes to $SCEN_DIR/HOST/NAME.log. NAME identifies the job for the wait/kill functions.
+on() { _start on "$@"; }
+
+# app HOST NAME ...: like `on`, for the program under test. In the @shim variant it runs with
+# LD_PRELOAD=$VF_SHIM and VERBS_FAILOVER_LOG_FILE=$SCEN_DIR/HOST/NAME.vf.%p.log.
+app() { _start app "$@"; }
+
+# Sets _ID (a command substitution could not stop the scenario on an unknown job).
+_job_id() {
+  _ID=${SCEN_JOB[$1:$2]:-}
+  [[ -n $_ID ]] || lab_fail "no job $1:$2 was started"
+}
+
+# job_rc HOST NAME -> prints the exit status, or nothing while the job runs.
+job_rc() {
+  _job_id "$1" "$2"
+  job_rc_id "$1" "$_ID"
+}
+
+# wait_job HOST NAME TIMEOUT: returns the job's exit status; 124 (and a log line) if it still runs
+# after TIMEOUT seconds; it is then left running (kill_job it, or the runner ends it).
+wait_job() {
+  local rc=0
+  _job_id "$1" "$2"
+  job_wait_id "$1" "$_ID" "$3" || rc=$?
+  if ((WAIT_TIMED_OUT)); then
+    log "$1:$2 still running after $3 s"
+  else
+    log "$1:$2 exited with status $rc"
+  fi
+  return "$rc"
+}
+
+# wait_jobs TIMEOUT HOST:NAME...: wait for all of them under one deadline. Returns 0 only if every
+# one exited with status 0; each outcome is logged.
+wait_jobs() {
+  local timeout=$1
+  shift
+  local end=$(($(now_ms) + timeout * 1000)) j rc all=0 left
+  for j in "$@"; do
+    left=$(((end - $(now_ms) + 999) / 1000))
+    ((left > 0)) || left=0
+    rc=0
+    wait_job "${j%%:*}" "${j#*:}" "$left" || rc=$?
+    ((rc == 0)) || all=1
+  done
+  return "$all"
+}
+
+# kill_job HOST NAME: end the job's process group by PID (TERM, then KILL); bounded.
+kill_job() {
+  _job_id "$1" "$2"
+  local id=$_ID
+  [[ -n $(job_rc_id "$1" "$id") ]] && return 0
+  log "kill $1:$2"
+  if ! job_kill_id "$1" "$id"; then
+    touch "$SCEN_DIR/.vm-killed"
+    note "host $1 could not end job $2: VM hung, killed"
+  fi
+}
+
+# run_on HOST NAME TIMEOUT [VAR=VALUE...] [--] COMMAND...: start and wait; returns its status.
+run_on() {
+  local h=$1 name=$2 timeout=$3
+  shift 3
+  on "$h" "$name" "$@"
+  local rc=0
+  wait_job "$h" "$name" "$timeout" || rc=$?
+  if ((WAIT_TIMED_OUT)); then
+    kill_job "$h" "$name"
+  fi
+  return "$rc"
+}
+
+WAIT_SEQ=0
+# wait_guest HOST TIMEOUT CONDITION: evaluate a shell condition inside HOST until it holds.
+# Predicates available there: tcp_listening PORT, cm_listening ADDR, port_state rxeN STATE.
+wait_guest() {
+  local h=$1 timeout=$2
+  shift 2
+  WAIT_SEQ=$((WAIT_SEQ + 1))
+  run_on "$h" "wait$WAIT_SEQ" $((timeout + 20)) "$LAB_DIR/guest/wait-until" "$timeout" "$*"
+}
+
+# wait_listen HOST PORT TIMEOUT: a TCP server in HOST listens on PORT.
+wait_listen() { wait_guest "$1" "$3" "tcp_listening $2"; }
+
+# wait_cm_listen HOST ADDR TIMEOUT: an RDMA-CM server in HOST listens on ADDR.
+wait_cm_listen() { wait_guest "$1" "$3" "cm_listening $2"; }
+
+# wait_log HOST NAME REGEX TIMEOUT: the job's log has a line matching REGEX (grep -E). Fails at
+# once if the job ends without printing it. Programs writing to a file buffer their stdout: run
+# them under `stdbuf -oL` when a scenario waits for their output.
+wait_log() {
+  local h=$1 name=$2 re=$3 timeout=$4
+  _job_id "$h" "$name"
+  local id=$_ID
+  local f=$SCEN_DIR/$h/$name.log
+  local end=$(($(now_ms) + timeout * 1000))
+  while :; do
+    grep -Eq -- "$re" "$f" 2>/dev/null && return 0
+    if [[ -n $(job_rc_id "$h" "$id") ]]; then
+      grep -Eq -- "$re" "$f" 2>/dev/null && return 0
+      log "$h:$name ended without printing /$re/"
+      return 1
+    fi
+    if (($(now_ms) > end)); then
+      log "$h:$name printed no /$re/ within $timeout s"
+      return 1
+    fi
+    sleep 0.1
+  done
+}
+
+# wait_for TIMEOUT COMMAND...: host-side poll of any command, every 0.1 s, bounded.
+wait_for() {
+  local timeout=$1
+  shift
+  poll_until "$timeout" "$@"
+}
+
+# after_seconds N: let traffic run for N seconds. This is the *timing* of a fault, never a way to
+# synchronise with a program: start conditions use wait_listen / wait_log.
+after_seconds() {
+  log "letting traffic run for $1 s"
+  sleep "$1"
+}
+
+# figure KEY VALUE: a key figure for the summary line (and $SCEN_DIR/figures).
+figure() {
+  printf '%s=%s\n' "$1" "$2" >>"$SCEN_DIR/figures"
+  log "figure $1=$2"
+}
+
+# note TEXT: a fact worth reading in the summary (reasons of failures, observations).
+note() {
+  printf '%s\n' "$*" >>"$SCEN_DIR/notes"
+  log "note: $*"
+}
+
+# lab_fail TEXT: the scenario could not run as designed (not the workload's failure): always FAIL.
+lab_fail() {
+  note "$*"
+  exit 2
+}
+
+# ---- fault injection ------------------------------------------------------------------------
+# fault port_down   HOST NET     ip link down inside HOST: rxe port DOWN, IBV_EVENT_PORT_ERR there
+# fault cable_cut   HOST NET     QEMU set_link off on HOST's NIC: HOST sees carrier loss, peer nothing
+# fault blackhole   HOST NET     tc: drop everything HOST sends and receives on NET; no port event
+# fault blackhole_udp HOST NET   iptables: drop RoCEv2 (UDP 4791) in and out of NET on HOST
+# fault restore     HOST NET     undo every active fault of HOST on NET (latest first)
+# fault restore     all          undo every active fault
+# fault flap        HOST NET COUNT PERIOD [KIND]   KIND (port_down|cable_cut|blackhole) down for
+#                                PERIOD/2 s then up for PERIOD/2 s, COUNT times (blocking)
+# Each action is logged with a timestamp in $SCEN_DIR/faults.log. A scenario that injected a fault
+# gets fresh VMs before the next scenario runs, restored or not.
+
+FAULT_SEQ=0
+_fault_guest() {
+  local h=$1 what=$2
+  shift 2
+  FAULT_SEQ=$((FAULT_SEQ + 1))
+  run_on "$h" "fault$FAULT_SEQ-$what" 20 bash -c "$*" ||
+    lab_fail "fault $what on $h failed (see $SCEN_DIR/$h/fault$FAULT_SEQ-$what.log)"
+}
+
+_fault_apply() {
+  local kind=$1 h=$2 net=$3 up=$4 dev=${LAB_NET_IFACE[$3]}
+  case $kind in
+    port_down)
+      _fault_guest "$h" "$kind-$up" "ip link set $dev $([[ $up == 1 ]] && echo up || echo down)"
+      ;;
+    cable_cut)
+      local out
+      out=$(vm_monitor "$h" "set_link $net $([[ $up == 1 ]] && echo on || echo off)") ||
+        lab_fail "QEMU monitor of $h did not answer"
+      [[ -z $out ]] || lab_fail "set_link on $h: $out"
+      ;;
+    blackhole)
+      if [[ $up == 1 ]]; then
+        _fault_guest "$h" "$kind-up" "tc qdisc del dev $dev root; tc qdisc del dev $dev ingress"
+      else
+        _fault_guest "$h" "$kind-down" "tc qdisc add dev $dev root netem loss 100% &&
+          tc qdisc add dev $dev ingress &&
+          tc filter add dev $dev parent ffff: matchall action drop"
+      fi
+      ;;
+    blackhole_udp)
+      local op=-I
+      [[ $up == 1 ]] && op=-D
+      _fault_guest "$h" "$kind-$up" "iptables $op OUTPUT -o $dev -p udp --dport 4791 -j DROP &&
+        iptables $op INPUT -i $dev -p udp --dport 4791 -j DROP"
+      ;;
+    *) lab_fail "unknown fault kind '$kind'" ;;
+  esac
+}
+
+_fault_log() {
+  printf '%s %s\n' "$(date -u +%T.%3N)" "$*" >>"$SCEN_DIR/faults.log"
+  log "fault: $*"
+}
+
+fault() {
+  local kind=${1:-}
+  shift || true
+  : >>"$SCEN_DIR/.faulted"
+  local active=$RUN_DIR/faults.active
+  touch "$active"
+  case $kind in
+    port_down | cable_cut | blackhole | blackhole_udp)
+      local h=$1 net=$2
+      _check_host "$h"
+      ip_of "$h" "$net" >/dev/null
+      _fault_apply "$kind" "$h" "$net" 0
+      printf '%s %s %s\n' "$h" "$net" "$kind" >>"$active"
+      _fault_log "$kind $h $net"
+      ;;
+    restore)
+      local sel=$1 net=${2:-}
+      local line keep=() undo=()
+      while read -r line; do
+        [[ -n $line ]] || continue
+        if [[ $sel == all || $line == "$sel $net "* ]]; then undo=("$line" "${undo[@]}"); else keep+=("$line"); fi
+      done <"$active"
+      for line in "${undo[@]}"; do
+        # shellcheck disable=SC2086
+        set -- $line
+        _fault_apply "$3" "$1" "$2" 1
+        _fault_log "restore $3 $1 $2"
+      done
+      printf '%s\n' "${keep[@]}" >"$active"
+      ;;
+    flap)
+      local h=$1 net=$2 count=$3 period=$4 how=${5:-port_down} i half
+      half=$(awk -v p="$period" 'BEGIN {printf "%.3f", p / 2}')
+      _fault_log "flap $h $net $count x ${period}s ($how)"
+      for ((i = 1; i <= count; i++)); do
+        _fault_apply "$how" "$h" "$net" 0
+        _fault_log "flap $i down"
+        sleep "$half"
+        _fault_apply "$how" "$h" "$net" 1
+        _fault_log "flap $i up"
+        sleep "$half"
+      done
+      ;;
+    *) lab_fail "fault: unknown action '$kind'" ;;
+  esac
+}
+
+# ---- parsing helpers for the stock programs ------------------------------------------------
+
+# perftest_figure HOST NAME FIELD: from a perftest bandwidth report line
+# (#bytes #iterations BW-peak BW-average MsgRate), FIELD 2 = iterations, 4 = average MB/s.
+perftest_figure() {
+  awk -v f="$3" '$1 ~ /^[0-9]+$/ && NF >= 5 && $3 ~ /^[0-9.]+$/ {v = $f} END {if (v != "") print v}' \
+    "$SCEN_DIR/$1/$2.log"
+}
+
+# perftest_pair TEST SIZE ITERS [EXTRA-ARGS...]: the perftest program TEST (ib_write_bw...) as
+# server on B and client on A over rxe0 (GID index 1 = RoCEv2 IPv4), bootstrap over mgmt.
+# Both must exit 0; figures: MBps (client's average bandwidth) and iters.
+perftest_pair() {
+  local test=$1 size=$2 iters=$3
+  shift 3
+  local common=(-d rxe0 -x 1 -s "$size" -n "$iters" -p "$LAB_PORT" "$@")
+  app B srv -- "$test" "${common[@]}"
+  wait_listen B "$LAB_PORT" 30 || lab_fail "$test server on B is not listening on $LAB_PORT"
+  app A cli -- "$test" "${common[@]}" "$(ip_of B mgmt)"
+  local rc=0
+  wait_jobs "${PERFTEST_TIMEOUT:-90}" A:cli B:srv || rc=1
+  local bw it
+  bw=$(perftest_figure A cli 4)
+  it=$(perftest_figure A cli 2)
+  [[ -n $bw ]] && figure MBps "$bw"
+  [[ -n $it ]] && figure iters "$it"
+  if ((rc)); then
+    note "$test: client rc=$(job_rc A cli) server rc=$(job_rc B srv)"
+    return 1
+  fi
+  [[ -n $bw ]] || {
+    note "$test: no bandwidth line in the client's output"
+    return 1
+  }
+}
