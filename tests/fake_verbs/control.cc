@@ -1,0 +1,121 @@
+// FAKE libibverbs (verbs-failover test double) — the fault-injection / inspection C API declared
+// in fake_verbs_control.h (version node FAKE_VERBS_1.0).
+#include "fake_verbs_control.h"
+#include "internal.h"
+
+using namespace fake_verbs;
+
+namespace {
+
+Device* device_at(int index) {
+  auto& devs = fabric().devices;
+  if (index < 0 || size_t(index) >= devs.size()) return nullptr;
+  return devs[size_t(index)].get();
+}
+
+// What hardware does to in-flight work when its own link dies: the request at the head times
+// out (RETRY_EXC_ERR), the QP enters ERR, everything behind it flushes.
+void fail_inflight_work_locked(Device* dev) {
+  for (Qp* qp : fabric().qps) {
+    if (qp->ctx->device != dev || qp->send_queue.empty()) continue;
+    ibv_qp_state st = qp->shell.qpx.qp_base.state;
+    if (st != IBV_QPS_RTS && st != IBV_QPS_SQD) continue;
+    fail_head_locked(qp, IBV_WC_RETRY_EXC_ERR);
+  }
+}
+
+}  // namespace
+
+FAKE_EXPORT int fake_verbs_is_fake(void) {
+  return 1;
+}
+
+FAKE_EXPORT int fake_verbs_device_count(void) {
+  auto lock = fabric_lock();
+  return int(fabric().devices.size());
+}
+
+FAKE_EXPORT int fake_verbs_port_down(int index) {
+  auto lock = fabric_lock();
+  Device* dev = device_at(index);
+  if (dev == nullptr) return -1;
+  if (!dev->port_up) return 0;
+  dev->port_up = false;
+  fake_log("port of %s DOWN (injected)", dev->shell.dev.name);
+  raise_device_event_locked(dev, IBV_EVENT_PORT_ERR);
+  fail_inflight_work_locked(dev);
+  return 0;
+}
+
+FAKE_EXPORT int fake_verbs_port_up(int index) {
+  auto lock = fabric_lock();
+  Device* dev = device_at(index);
+  if (dev == nullptr) return -1;
+  if (dev->port_up) return 0;
+  dev->port_up = true;
+  fake_log("port of %s UP (injected)", dev->shell.dev.name);
+  raise_device_event_locked(dev, IBV_EVENT_PORT_ACTIVE);
+  return 0;
+}
+
+FAKE_EXPORT int fake_verbs_set_drop(int index, int enabled) {
+  auto lock = fabric_lock();
+  Device* dev = device_at(index);
+  if (dev == nullptr) return -1;
+  dev->drop = enabled != 0;
+  fake_log("silent drop on %s %s", dev->shell.dev.name, dev->drop ? "ON" : "OFF");
+  return 0;
+}
+
+FAKE_EXPORT int fake_verbs_set_delay(int index, unsigned steps) {
+  auto lock = fabric_lock();
+  Device* dev = device_at(index);
+  if (dev == nullptr) return -1;
+  dev->delay_steps = steps;
+  return 0;
+}
+
+FAKE_EXPORT void fake_verbs_progress(void) {
+  auto lock = fabric_lock();
+  progress_step_locked();
+}
+
+FAKE_EXPORT uint64_t fake_verbs_progress_steps(void) {
+  auto lock = fabric_lock();
+  return fabric().step;
+}
+
+FAKE_EXPORT int fake_verbs_query_qp_stats(uint32_t qp_num, fake_verbs_qp_stats* out) {
+  auto lock = fabric_lock();
+  for (Qp* qp : fabric().qps) {
+    if (qp->shell.qpx.qp_base.qp_num != qp_num) continue;
+    out->messages_sent = qp->stats.messages_sent;
+    out->messages_received = qp->stats.messages_received;
+    out->rnr_naks = qp->stats.rnr_naks;
+    out->transport_retries = qp->stats.transport_retries;
+    out->completions_with_error = qp->stats.completions_with_error;
+    return 0;
+  }
+  return -1;
+}
+
+FAKE_EXPORT int fake_verbs_query_device_stats(int index, fake_verbs_device_stats* out) {
+  auto lock = fabric_lock();
+  Device* dev = device_at(index);
+  if (dev == nullptr) return -1;
+  out->tx_messages = dev->stats.tx_messages;
+  out->rx_messages = dev->stats.rx_messages;
+  out->dropped_packets = dev->stats.dropped_packets;
+  return 0;
+}
+
+FAKE_EXPORT void fake_verbs_reset(void) {
+  auto lock = fabric_lock();
+  for (auto& dev : fabric().devices) {
+    dev->port_up = true;
+    dev->drop = false;
+    dev->delay_steps = 0;
+    dev->stats = DeviceStats{};
+  }
+  for (Qp* qp : fabric().qps) qp->stats = QpStats{};
+}

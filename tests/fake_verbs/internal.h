@@ -1,0 +1,305 @@
+// FAKE libibverbs (verbs-failover test double) — private object model.
+//
+// Every verbs object handed to the application is the rdma-core struct (ibv_qp_ex, ibv_cq, ...)
+// placed as the FIRST member of a standard-layout "shell" that also carries a pointer to the fake's
+// C++ state. That keeps the public pointer layout-compatible with what a real provider returns
+// (so the static inline helpers of <infiniband/verbs.h> work on it) while letting the fake recover
+// its own state with a cast instead of a lookup table.
+//
+// Concurrency: one global fabric mutex (fabric_lock()) guards all of this state. Every exported
+// entry point takes it; internal helpers named *_locked expect it held. The fake never calls back
+// into user code, so a plain mutex suffices. Blocking calls (ibv_get_cq_event,
+// ibv_get_async_event) block on their fd WITHOUT holding the lock.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace fake_verbs {
+
+struct Device;
+struct Context;
+struct Pd;
+struct Mr;
+struct Cq;
+struct CompChannel;
+struct Qp;
+struct Srq;
+
+// ---- shells: rdma-core object first, fake state pointer second -------------------------------
+
+struct DeviceShell {
+  ibv_device dev;
+  Device* impl;
+};
+struct ContextShell {
+  verbs_context vctx;  // first, like mlx5_context/rxe_context embed it
+  Context* impl;
+};
+struct PdShell {
+  ibv_pd pd;
+  Pd* impl;
+};
+struct MrShell {
+  ibv_mr mr;
+  Mr* impl;
+};
+struct CqShell {
+  ibv_cq_ex cqx;  // every CQ has the extended layout; ibv_cq is its prefix (ibv_cq_ex_to_cq)
+  Cq* impl;
+};
+struct ChannelShell {
+  ibv_comp_channel channel;
+  CompChannel* impl;
+};
+struct QpShell {
+  ibv_qp_ex qpx;  // ibv_qp is qpx.qp_base, the first member, so ibv_qp* and ibv_qp_ex* alias
+  Qp* impl;
+};
+struct SrqShell {
+  ibv_srq srq;
+  Srq* impl;
+};
+struct AhShell {
+  ibv_ah ah;
+  ibv_ah_attr attr;
+};
+
+// ---- devices --------------------------------------------------------------------------------
+
+constexpr int kGidTableLen = 2;
+
+struct DeviceStats {
+  uint64_t tx_messages = 0;
+  uint64_t rx_messages = 0;
+  uint64_t dropped_packets = 0;
+};
+
+struct Device {
+  DeviceShell shell{};
+  int index = 0;  // fakeN
+  int host = 0;   // index / 2: which simulated host this NIC belongs to
+  int rail = 0;   // index % 2: which rail (NIC) of that host
+  uint64_t guid_host_order = 0;
+  ibv_gid gids[kGidTableLen]{};
+  bool port_up = true;
+  bool drop = false;         // silent drop of everything to/from this device
+  unsigned delay_steps = 0;  // deliveries to/from this device wait this many progress steps
+  DeviceStats stats;
+  std::vector<Context*> contexts;  // open contexts, to raise async events on
+};
+
+// ---- contexts and events --------------------------------------------------------------------
+
+struct Context {
+  ContextShell shell{};
+  Device* device = nullptr;
+  std::deque<ibv_async_event> async_events;  // queued, one eventfd count each
+  uint64_t async_events_unacked = 0;
+  int live_objects = 0;  // PDs, CQs, channels, QPs: close_device leaks the context while > 0
+};
+
+struct Pd {
+  PdShell shell{};
+  Context* ctx = nullptr;
+  int refs = 0;  // MRs, QPs, SRQs, AHs using it: dealloc fails with EBUSY while nonzero
+};
+
+struct Mr {
+  MrShell shell{};
+  Pd* pd = nullptr;
+  uint8_t* host_addr = nullptr;  // where the bytes are in this process
+  uint64_t iova = 0;             // what remote_addr values refer to
+  size_t length = 0;
+  int access = 0;
+};
+
+struct CompChannel {
+  ChannelShell shell{};
+  Context* ctx = nullptr;
+  std::deque<Cq*> events;  // CQs that fired, in order; one eventfd count each
+  int cq_refs = 0;
+};
+
+struct Cq {
+  CqShell shell{};
+  ibv_cq* ibcq() { return reinterpret_cast<ibv_cq*>(&shell.cqx); }
+  Context* ctx = nullptr;
+  CompChannel* channel = nullptr;
+  bool extended = false;  // made by ibv_create_cq_ex: start_poll/next_poll/read_* are filled
+  uint64_t wc_flags = 0;  // IBV_WC_EX_WITH_* requested at creation
+  ibv_wc current{};       // the entry start_poll/next_poll made current (polling thread's)
+  int capacity = 0;
+  std::deque<ibv_wc> entries;
+  bool armed = false;
+  bool armed_solicited_only = false;
+  bool overflowed = false;
+  unsigned events_delivered = 0;  // for ibv_ack_cq_events bookkeeping
+  unsigned events_acked = 0;
+  int qp_refs = 0;
+};
+
+struct RecvWork {
+  uint64_t wr_id = 0;
+  std::vector<ibv_sge> sges;
+};
+
+struct Srq {
+  SrqShell shell{};
+  Pd* pd = nullptr;
+  uint32_t max_wr = 0;
+  uint32_t max_sge = 0;
+  uint32_t limit = 0;  // armed SRQ limit; 0 = not armed
+  std::deque<RecvWork> receives;
+  int qp_refs = 0;
+};
+
+struct SendWork {
+  uint64_t wr_id = 0;
+  ibv_wr_opcode opcode = IBV_WR_SEND;
+  unsigned send_flags = 0;
+  bool signaled = false;
+  std::vector<ibv_sge> sges;
+  std::vector<uint8_t> inline_data;  // IBV_SEND_INLINE: payload captured at post time
+  bool is_inline = false;
+  uint64_t remote_addr = 0;
+  uint32_t rkey = 0;
+  uint32_t imm_data = 0;  // network order, as given
+  uint64_t compare_add = 0;
+  uint64_t swap = 0;
+  // progress bookkeeping
+  uint64_t ready_step = 0;
+  unsigned rnr_naks = 0;
+  unsigned transport_tries = 0;
+};
+
+struct QpStats {
+  uint64_t messages_sent = 0;      // requests that reached the peer and were acknowledged
+  uint64_t messages_received = 0;  // requests this QP's responder side accepted
+  uint64_t rnr_naks = 0;
+  uint64_t transport_retries = 0;
+  uint64_t completions_with_error = 0;
+};
+
+struct Qp {
+  QpShell shell{};
+  Context* ctx = nullptr;
+  Pd* pd = nullptr;
+  Cq* send_cq = nullptr;
+  Cq* recv_cq = nullptr;
+  Srq* srq = nullptr;
+  ibv_qp_cap cap{};
+  bool sq_sig_all = false;
+  bool extended = false;  // created with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS: ibv_qp_to_qp_ex works
+  uint64_t send_ops_flags = 0;
+  ibv_qp_attr attr{};  // current attributes as last modified (qp_state kept in shell too)
+  std::deque<SendWork> send_queue;  // outstanding: not yet completed
+  std::deque<RecvWork> recv_queue;
+  QpStats stats;
+  // ibv_wr_* batch being built between wr_start and wr_complete/wr_abort
+  bool in_batch = false;
+  int batch_error = 0;
+  std::vector<SendWork> batch;
+};
+
+// ---- fabric ---------------------------------------------------------------------------------
+
+struct Fabric {
+  std::mutex mutex;
+  bool initialized = false;
+  std::vector<std::unique_ptr<Device>> devices;
+  std::vector<Qp*> qps;         // creation order = deterministic progress order
+  std::map<uint32_t, Mr*> mrs;  // lkey == rkey in the fake
+  uint32_t next_qp_num = 0x11;
+  uint32_t next_key = 0x1000;
+  uint32_t next_srq_num = 1;
+  uint64_t step = 0;
+  bool log = false;
+};
+
+Fabric& fabric();
+std::unique_lock<std::mutex> fabric_lock();  // also makes sure devices exist
+void ensure_initialized_locked();
+void fake_log(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+
+// casts from public handles
+inline Context* to_ctx(ibv_context* c) {
+  return reinterpret_cast<ContextShell*>(verbs_get_ctx(c))->impl;
+}
+inline Pd* to_pd(ibv_pd* p) {
+  return reinterpret_cast<PdShell*>(p)->impl;
+}
+inline Mr* to_mr(ibv_mr* m) {
+  return reinterpret_cast<MrShell*>(m)->impl;
+}
+inline Cq* to_cq(ibv_cq* c) {
+  return reinterpret_cast<CqShell*>(c)->impl;
+}
+inline CompChannel* to_channel(ibv_comp_channel* c) {
+  return reinterpret_cast<ChannelShell*>(c)->impl;
+}
+inline Qp* to_qp(ibv_qp* q) {
+  return reinterpret_cast<QpShell*>(q)->impl;
+}
+inline Qp* to_qp(ibv_qp_ex* q) {
+  return reinterpret_cast<QpShell*>(q)->impl;
+}
+inline Srq* to_srq(ibv_srq* s) {
+  return reinterpret_cast<SrqShell*>(s)->impl;
+}
+inline Device* to_device(ibv_device* d) {
+  return reinterpret_cast<DeviceShell*>(d)->impl;
+}
+
+// helpers implemented across files
+void raise_async_event_locked(Context* ctx, const ibv_async_event& ev);
+void raise_device_event_locked(Device* dev, ibv_event_type type);
+void push_completion_locked(Cq* cq, const ibv_wc& wc);
+Mr* find_mr_by_lkey_locked(Pd* pd, uint32_t lkey);
+Mr* find_mr_by_rkey_locked(Pd* pd, uint32_t rkey);
+void register_mr_locked(Mr* mr);
+void unregister_mr_locked(Mr* mr);
+Device* find_device_by_gid_locked(const ibv_gid& gid);
+Qp* find_qp_locked(Device* dev, uint32_t qp_num);
+void move_qp_to_error_locked(Qp* qp);
+void fail_head_locked(Qp* qp, ibv_wc_status status);  // head WR completes in error, QP -> ERR
+void progress_step_locked();  // one deterministic progress step over all QPs
+int validate_and_build_send_locked(Qp* qp, const ibv_send_wr* wr, SendWork& out);
+int enqueue_sends_locked(Qp* qp, std::vector<SendWork>&& works);
+void fill_qp_ex_ops(ibv_qp_ex* qpx);
+void fill_context_ops(ContextShell* shell);
+
+// context ops (installed in ibv_context.ops / verbs_context)
+int post_send_op(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr);
+int post_recv_op(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
+int post_srq_recv_op(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
+int poll_cq_op(ibv_cq* cq, int num_entries, ibv_wc* wc);
+int req_notify_cq_op(ibv_cq* cq, int solicited_only);
+int query_port_op(ibv_context* ctx, uint8_t port, ibv_port_attr* attr, size_t attr_len);
+int query_device_ex_op(ibv_context* ctx, const ibv_query_device_ex_input* input,
+                       ibv_device_attr_ex* attr, size_t attr_size);
+ibv_qp* create_qp_ex_op(ibv_context* ctx, ibv_qp_init_attr_ex* attr);
+ibv_cq_ex* create_cq_ex_op(ibv_context* ctx, ibv_cq_init_attr_ex* attr);
+void fill_cq_ex_ops(ibv_cq_ex* cqx);
+ibv_srq* create_srq_ex_op(ibv_context* ctx, ibv_srq_init_attr_ex* attr);
+
+// device limits advertised by ibv_query_device and enforced by create calls
+constexpr int kMaxQpWr = 4096;
+constexpr int kMaxSge = 16;
+constexpr int kMaxCqe = 65536;
+constexpr int kMaxInline = 256;
+constexpr int kMaxSrqWr = 4096;
+constexpr uint64_t kMaxMrSize = 1ull << 40;
+constexpr uint32_t kMaxMsgSize = 1u << 30;
+
+}  // namespace fake_verbs
+
+#define FAKE_EXPORT extern "C" __attribute__((visibility("default")))

@@ -1,0 +1,417 @@
+// FAKE libibverbs (verbs-failover test double) — the RC datapath and the deterministic progress
+// engine.
+//
+// Progress model: a "progress step" happens at the end of every post_send / post_recv /
+// post_srq_recv / ibv_wr_complete, at the start of every poll_cq, on modify_qp to RTS and on
+// fake_verbs_progress(). One step bumps the global step counter and walks all QPs in creation
+// order; each QP executes its send queue from the head until the head cannot finish this step.
+// No background thread exists, so the same sequence of verbs calls always gives the same result.
+//
+// A head WR cannot finish when: it is held by an injected delay (ready_step not reached), the
+// path is dead (silent drop, remote port down, remote QP missing or not >= RTR) — one transport
+// try per step, RETRY_EXC_ERR after retry_cnt retries — or the responder has no receive — one RNR
+// NAK per step, RNR_RETRY_EXC_ERR after rnr_retry retries, never for rnr_retry 7 (infinite).
+// Everything else completes in the same step it is tried (an instantly acknowledging wire).
+#include <cerrno>
+#include <cstring>
+
+#include "internal.h"
+
+namespace fake_verbs {
+
+namespace {
+
+ibv_wc_opcode wc_opcode_for(ibv_wr_opcode op) {
+  switch (op) {
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+      return IBV_WC_RDMA_WRITE;
+    case IBV_WR_RDMA_READ:
+      return IBV_WC_RDMA_READ;
+    case IBV_WR_ATOMIC_CMP_AND_SWP:
+      return IBV_WC_COMP_SWAP;
+    case IBV_WR_ATOMIC_FETCH_AND_ADD:
+      return IBV_WC_FETCH_ADD;
+    default:
+      return IBV_WC_SEND;
+  }
+}
+
+bool is_atomic(ibv_wr_opcode op) {
+  return op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD;
+}
+
+bool consumes_receive(ibv_wr_opcode op) {
+  return op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_RDMA_WRITE_WITH_IMM;
+}
+
+uint32_t payload_length(const SendWork& w) {
+  if (w.is_inline) return uint32_t(w.inline_data.size());
+  uint64_t total = 0;
+  for (const ibv_sge& s : w.sges) total += s.length;
+  return uint32_t(total);
+}
+
+void complete_send(Qp* qp, const SendWork& w, ibv_wc_status status) {
+  if (status != IBV_WC_SUCCESS) ++qp->stats.completions_with_error;
+  if (status == IBV_WC_SUCCESS && !w.signaled) return;  // unsignaled success: no CQE
+  ibv_wc wc{};
+  wc.wr_id = w.wr_id;
+  wc.status = status;
+  wc.opcode = wc_opcode_for(w.opcode);
+  wc.qp_num = qp->shell.qpx.qp_base.qp_num;
+  if (status == IBV_WC_SUCCESS) wc.byte_len = is_atomic(w.opcode) ? 8 : payload_length(w);
+  push_completion_locked(qp->send_cq, wc);
+}
+
+void complete_recv_error(Qp* qp, const RecvWork& r, ibv_wc_status status) {
+  ibv_wc wc{};
+  wc.wr_id = r.wr_id;
+  wc.status = status;
+  wc.opcode = IBV_WC_RECV;
+  wc.qp_num = qp->shell.qpx.qp_base.qp_num;
+  push_completion_locked(qp->recv_cq, wc);
+}
+
+// Translates [addr, addr+len) of an MR's address space (iova) to host memory, or nullptr.
+uint8_t* translate(Mr* mr, uint64_t addr, uint64_t len) {
+  if (addr < mr->iova || len > mr->length || addr - mr->iova > mr->length - len) return nullptr;
+  return mr->host_addr + (addr - mr->iova);
+}
+
+// Gathers the local payload; false = local protection error.
+bool gather(Qp* qp, const SendWork& w, std::vector<uint8_t>& out) {
+  if (w.is_inline) {
+    out = w.inline_data;
+    return true;
+  }
+  out.clear();
+  for (const ibv_sge& s : w.sges) {
+    if (s.length == 0) continue;
+    Mr* mr = find_mr_by_lkey_locked(qp->pd, s.lkey);
+    uint8_t* p = mr != nullptr ? translate(mr, s.addr, s.length) : nullptr;
+    if (p == nullptr) return false;
+    out.insert(out.end(), p, p + s.length);
+  }
+  return true;
+}
+
+// Validates SGEs that will be written (local READ/atomic targets, or a responder's receive):
+// each must be in an MR of 'pd' with LOCAL_WRITE, and together hold 'len' bytes. Fills 'where'
+// with their host addresses for scatter().
+enum class ScatterResult { kOk, kProtection, kTooLong };
+ScatterResult check_scatter(Pd* pd, const std::vector<ibv_sge>& sges, size_t len,
+                            std::vector<uint8_t*>* where) {
+  size_t room = 0;
+  for (const ibv_sge& s : sges) {
+    if (s.length == 0) {
+      if (where) where->push_back(nullptr);
+      continue;
+    }
+    Mr* mr = find_mr_by_lkey_locked(pd, s.lkey);
+    uint8_t* p = mr != nullptr ? translate(mr, s.addr, s.length) : nullptr;
+    if (p == nullptr || !(mr->access & IBV_ACCESS_LOCAL_WRITE)) return ScatterResult::kProtection;
+    if (where) where->push_back(p);
+    room += s.length;
+  }
+  return room >= len ? ScatterResult::kOk : ScatterResult::kTooLong;
+}
+
+void scatter(const std::vector<ibv_sge>& sges, const std::vector<uint8_t*>& where,
+             const uint8_t* data, size_t len) {
+  for (size_t i = 0; i < sges.size() && len > 0; ++i) {
+    size_t n = sges[i].length < len ? sges[i].length : len;
+    if (n != 0) std::memcpy(where[i], data, n);
+    data += n;
+    len -= n;
+  }
+}
+
+Qp* resolve_remote(Qp* qp, Device** remote_dev) {
+  *remote_dev = find_device_by_gid_locked(qp->attr.ah_attr.grh.dgid);
+  if (*remote_dev == nullptr) return nullptr;
+  return find_qp_locked(*remote_dev, qp->attr.dest_qp_num);
+}
+
+// Remote key check for RDMA/atomic: MR of the responder's PD, access bit on MR and QP, bounds.
+uint8_t* remote_target(Qp* responder, const SendWork& w, uint64_t len, int access_bit) {
+  if (!(responder->attr.qp_access_flags & access_bit)) return nullptr;
+  Mr* mr = find_mr_by_rkey_locked(responder->pd, w.rkey);
+  if (mr == nullptr || !(mr->access & access_bit)) return nullptr;
+  return translate(mr, w.remote_addr, len);
+}
+
+std::deque<RecvWork>& receive_queue_of(Qp* responder) {
+  return responder->srq != nullptr ? responder->srq->receives : responder->recv_queue;
+}
+
+void after_srq_consume(Qp* responder) {
+  Srq* srq = responder->srq;
+  if (srq == nullptr || srq->limit == 0 || srq->receives.size() >= srq->limit) return;
+  srq->limit = 0;  // one-shot, re-armed by ibv_modify_srq(IBV_SRQ_LIMIT)
+  ibv_async_event ev{};
+  ev.event_type = IBV_EVENT_SRQ_LIMIT_REACHED;
+  ev.element.srq = &srq->shell.srq;
+  raise_async_event_locked(responder->ctx, ev);
+}
+
+// Executes the head WR of 'qp'. Returns true if it finished (either way), false if it must wait.
+bool execute_head(Qp* qp) {
+  Fabric& f = fabric();
+  SendWork& w = qp->send_queue.front();
+  Device* local = qp->ctx->device;
+  if (!local->port_up) {  // the local port knows its link is gone: no retry can help
+    fail_head_locked(qp, IBV_WC_RETRY_EXC_ERR);
+    return true;
+  }
+  if (f.step < w.ready_step) return false;  // injected delay still running
+
+  // Local checks first, as hardware does before putting anything on the wire.
+  std::vector<uint8_t> payload;
+  std::vector<uint8_t*> local_targets;
+  const bool reads_back = w.opcode == IBV_WR_RDMA_READ || is_atomic(w.opcode);
+  const size_t length = is_atomic(w.opcode) ? 8 : payload_length(w);
+  if (reads_back) {
+    if (check_scatter(qp->pd, w.sges, length, &local_targets) != ScatterResult::kOk) {
+      fail_head_locked(qp, IBV_WC_LOC_PROT_ERR);
+      return true;
+    }
+  } else if (!gather(qp, w, payload)) {
+    fail_head_locked(qp, IBV_WC_LOC_PROT_ERR);
+    return true;
+  }
+
+  // The wire: a dead path looks exactly like packet loss to the requester.
+  Device* remote_dev = nullptr;
+  Qp* r = resolve_remote(qp, &remote_dev);
+  ibv_qp_state rstate = r != nullptr ? r->shell.qpx.qp_base.state : IBV_QPS_RESET;
+  bool path_alive = remote_dev != nullptr && !local->drop && !remote_dev->drop &&
+                    remote_dev->port_up &&
+                    (rstate == IBV_QPS_RTR || rstate == IBV_QPS_RTS || rstate == IBV_QPS_SQD);
+  if (!path_alive) {
+    ++w.transport_tries;
+    ++qp->stats.transport_retries;
+    ++local->stats.dropped_packets;
+    if (w.transport_tries <= qp->attr.retry_cnt) return false;
+    fail_head_locked(qp, IBV_WC_RETRY_EXC_ERR);
+    return true;
+  }
+
+  // Responder.
+  std::deque<RecvWork>& rq = receive_queue_of(r);
+  if (consumes_receive(w.opcode) && rq.empty()) {
+    ++w.rnr_naks;
+    ++qp->stats.rnr_naks;
+    if (qp->attr.rnr_retry == 7 || w.rnr_naks <= qp->attr.rnr_retry) return false;
+    fail_head_locked(qp, IBV_WC_RNR_RETRY_EXC_ERR);
+    return true;
+  }
+
+  uint32_t imm = 0;
+  bool with_imm = false;
+  switch (w.opcode) {
+    case IBV_WR_SEND_WITH_IMM:
+      imm = w.imm_data;
+      with_imm = true;
+      [[fallthrough]];
+    case IBV_WR_SEND: {
+      Pd* rpd = r->srq != nullptr ? r->srq->pd : r->pd;
+      std::vector<uint8_t*> where;
+      ScatterResult sr = check_scatter(rpd, rq.front().sges, payload.size(), &where);
+      if (sr != ScatterResult::kOk) {
+        RecvWork rw = std::move(rq.front());
+        rq.pop_front();
+        complete_recv_error(
+            r, rw, sr == ScatterResult::kTooLong ? IBV_WC_LOC_LEN_ERR : IBV_WC_LOC_PROT_ERR);
+        move_qp_to_error_locked(r);
+        fail_head_locked(
+            qp, sr == ScatterResult::kTooLong ? IBV_WC_REM_INV_REQ_ERR : IBV_WC_REM_OP_ERR);
+        return true;
+      }
+      scatter(rq.front().sges, where, payload.data(), payload.size());
+      break;
+    }
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+      imm = w.imm_data;
+      with_imm = true;
+      [[fallthrough]];
+    case IBV_WR_RDMA_WRITE: {
+      if (!payload.empty()) {  // zero-length writes carry no rkey check, as on real RC
+        uint8_t* dst = remote_target(r, w, payload.size(), IBV_ACCESS_REMOTE_WRITE);
+        if (dst == nullptr) {
+          fail_head_locked(qp, IBV_WC_REM_ACCESS_ERR);
+          return true;
+        }
+        std::memcpy(dst, payload.data(), payload.size());
+      }
+      break;
+    }
+    case IBV_WR_RDMA_READ: {
+      if (length != 0) {
+        uint8_t* src = remote_target(r, w, length, IBV_ACCESS_REMOTE_READ);
+        if (src == nullptr) {
+          fail_head_locked(qp, IBV_WC_REM_ACCESS_ERR);
+          return true;
+        }
+        scatter(w.sges, local_targets, src, length);
+      }
+      break;
+    }
+    case IBV_WR_ATOMIC_CMP_AND_SWP:
+    case IBV_WR_ATOMIC_FETCH_AND_ADD: {
+      if (w.remote_addr % 8 != 0) {
+        fail_head_locked(qp, IBV_WC_REM_INV_REQ_ERR);
+        return true;
+      }
+      uint8_t* target = remote_target(r, w, 8, IBV_ACCESS_REMOTE_ATOMIC);
+      if (target == nullptr) {
+        fail_head_locked(qp, IBV_WC_REM_ACCESS_ERR);
+        return true;
+      }
+      uint64_t old;
+      std::memcpy(&old, target, 8);
+      uint64_t next = w.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD
+                          ? old + w.compare_add
+                          : (old == w.compare_add ? w.swap : old);
+      std::memcpy(target, &next, 8);
+      scatter(w.sges, local_targets, reinterpret_cast<uint8_t*>(&old), 8);
+      break;
+    }
+    default:
+      fail_head_locked(qp, IBV_WC_LOC_QP_OP_ERR);
+      return true;
+  }
+
+  if (consumes_receive(w.opcode)) {
+    RecvWork rw = std::move(rq.front());
+    rq.pop_front();
+    ibv_wc wc{};
+    wc.wr_id = rw.wr_id;
+    wc.status = IBV_WC_SUCCESS;
+    wc.opcode = w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV;
+    wc.byte_len = uint32_t(payload.size());
+    wc.qp_num = r->shell.qpx.qp_base.qp_num;
+    wc.src_qp = qp->shell.qpx.qp_base.qp_num;
+    if (with_imm) {
+      wc.imm_data = imm;
+      wc.wc_flags |= IBV_WC_WITH_IMM;
+    }
+    if (w.send_flags & IBV_SEND_SOLICITED) wc.wc_flags |= 1u << 31;  // see push_completion_locked
+    push_completion_locked(r->recv_cq, wc);
+    after_srq_consume(r);
+  }
+  ++qp->stats.messages_sent;
+  ++r->stats.messages_received;
+  ++local->stats.tx_messages;
+  ++remote_dev->stats.rx_messages;
+  SendWork done = std::move(qp->send_queue.front());
+  qp->send_queue.pop_front();
+  complete_send(qp, done, IBV_WC_SUCCESS);
+  return true;
+}
+
+void pump(Qp* qp) {
+  while (qp->shell.qpx.qp_base.state == IBV_QPS_RTS && !qp->send_queue.empty())
+    if (!execute_head(qp)) break;
+}
+
+}  // namespace
+
+// Head WR failed: it completes with 'status' (always reported), the QP enters ERR, rest flushes.
+void fail_head_locked(Qp* qp, ibv_wc_status status) {
+  SendWork w = std::move(qp->send_queue.front());
+  qp->send_queue.pop_front();
+  complete_send(qp, w, status);
+  move_qp_to_error_locked(qp);
+}
+
+void progress_step_locked() {
+  Fabric& f = fabric();
+  ++f.step;
+  // Index loop: execution never creates or destroys QPs, but stay robust anyway.
+  for (size_t i = 0; i < f.qps.size(); ++i) pump(f.qps[i]);
+}
+
+void move_qp_to_error_locked(Qp* qp) {
+  qp->shell.qpx.qp_base.state = IBV_QPS_ERR;
+  qp->attr.qp_state = IBV_QPS_ERR;
+  while (!qp->send_queue.empty()) {
+    SendWork w = std::move(qp->send_queue.front());
+    qp->send_queue.pop_front();
+    // Error completions (flushes included) are reported even for unsignaled WRs, so the owner
+    // can reclaim every buffer; complete_send() only suppresses successful unsignaled ones.
+    complete_send(qp, w, IBV_WC_WR_FLUSH_ERR);
+  }
+  while (!qp->recv_queue.empty()) {
+    RecvWork rw = std::move(qp->recv_queue.front());
+    qp->recv_queue.pop_front();
+    complete_recv_error(qp, rw, IBV_WC_WR_FLUSH_ERR);
+  }
+}
+
+int validate_and_build_send_locked(Qp* qp, const ibv_send_wr* wr, SendWork& w) {
+  switch (wr->opcode) {
+    case IBV_WR_SEND:
+    case IBV_WR_SEND_WITH_IMM:
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+    case IBV_WR_RDMA_READ:
+    case IBV_WR_ATOMIC_CMP_AND_SWP:
+    case IBV_WR_ATOMIC_FETCH_AND_ADD:
+      break;
+    default:
+      return EINVAL;  // bind/invalidate/TSO/... are not modelled
+  }
+  if (wr->num_sge < 0 || uint32_t(wr->num_sge) > qp->cap.max_send_sge) return EINVAL;
+  w.wr_id = wr->wr_id;
+  w.opcode = wr->opcode;
+  w.send_flags = wr->send_flags;
+  w.signaled = qp->sq_sig_all || (wr->send_flags & IBV_SEND_SIGNALED);
+  w.imm_data = wr->imm_data;
+  if (is_atomic(wr->opcode)) {
+    if (wr->num_sge != 1 || wr->sg_list[0].length != 8) return EINVAL;
+    w.remote_addr = wr->wr.atomic.remote_addr;
+    w.rkey = wr->wr.atomic.rkey;
+    w.compare_add = wr->wr.atomic.compare_add;
+    w.swap = wr->wr.atomic.swap;
+  } else if (wr->opcode != IBV_WR_SEND && wr->opcode != IBV_WR_SEND_WITH_IMM) {
+    w.remote_addr = wr->wr.rdma.remote_addr;
+    w.rkey = wr->wr.rdma.rkey;
+  }
+  if (wr->send_flags & IBV_SEND_INLINE) {
+    if (wr->opcode == IBV_WR_RDMA_READ || is_atomic(wr->opcode)) return EINVAL;
+    size_t total = 0;
+    for (int i = 0; i < wr->num_sge; ++i) total += wr->sg_list[i].length;
+    if (total > qp->cap.max_inline_data) return EINVAL;
+    // Inline data is copied now: the caller may reuse the buffer as soon as post returns.
+    w.is_inline = true;
+    for (int i = 0; i < wr->num_sge; ++i) {
+      auto* p = reinterpret_cast<const uint8_t*>(uintptr_t(wr->sg_list[i].addr));
+      w.inline_data.insert(w.inline_data.end(), p, p + wr->sg_list[i].length);
+    }
+  } else {
+    w.sges.assign(wr->sg_list, wr->sg_list + wr->num_sge);
+  }
+  return 0;
+}
+
+int enqueue_sends_locked(Qp* qp, std::vector<SendWork>&& works) {
+  if (qp->send_queue.size() + works.size() > qp->cap.max_send_wr) return ENOMEM;
+  Fabric& f = fabric();
+  for (SendWork& w : works) {
+    if (qp->shell.qpx.qp_base.state == IBV_QPS_ERR) {
+      complete_send(qp, w, IBV_WC_WR_FLUSH_ERR);  // real HW: posting to ERR flushes at once
+      continue;
+    }
+    // Delay is fixed at post time from both ends' settings; the step that follows this post is
+    // step f.step + 1, so delay 0 means "deliverable in the post's own progress step".
+    Device* remote_dev = find_device_by_gid_locked(qp->attr.ah_attr.grh.dgid);
+    unsigned delay = qp->ctx->device->delay_steps;
+    if (remote_dev != nullptr && remote_dev->delay_steps > delay) delay = remote_dev->delay_steps;
+    w.ready_step = f.step + 1 + delay;
+    qp->send_queue.push_back(std::move(w));
+  }
+  return 0;
+}
+
+}  // namespace fake_verbs
