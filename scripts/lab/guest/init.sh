@@ -7,13 +7,14 @@ set -u
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export HOME=/tmp/home LC_ALL=C
 
-host='' ctl='' kroot='' kver=''
+host='' ctl='' kroot='' kver='' keep=''
 for word in $(</proc/cmdline); do
   case $word in
     vf.host=*) host=${word#vf.host=} ;;
     vf.ctl=*) ctl=${word#vf.ctl=} ;;
     vf.kroot=*) kroot=${word#vf.kroot=} ;;
     vf.kver=*) kver=${word#vf.kver=} ;;
+    vf.keep=*) keep=${word#vf.keep=} ;;
   esac
 done
 
@@ -28,8 +29,18 @@ halt_with() {
 [[ -n $host && -n $ctl && -n $kroot && -n $kver ]] || halt_with "incomplete vf.* kernel parameters"
 
 # Everything that writes must stay inside the guest: the 9p root is the host's live filesystem.
+# The lab's own folders under those paths (vf.keep=, e.g. a checkout in /tmp) are bound back from
+# a view of the host root kept on /mnt before the tmpfs mounts hide them.
+if [[ -n $keep ]]; then
+  [[ -d /mnt ]] || halt_with "no /mnt on the host root to keep ${keep} visible"
+  mount --bind / /mnt || halt_with "bind of the host root on /mnt"
+fi
 for d in /tmp /run /var/tmp /var/log; do
   mount -t tmpfs -o mode=1777 tmpfs "$d" || halt_with "tmpfs on $d"
+done
+IFS=, read -ra kept <<<"$keep"
+for p in "${kept[@]}"; do
+  { mkdir -p "$p" && mount --bind "/mnt$p" "$p"; } || halt_with "bind of $p from the host"
 done
 mkdir -p /dev/pts /dev/shm /tmp/home
 mount -t devpts devpts /dev/pts

@@ -89,6 +89,25 @@ vm_boot() {
   log "boot $VM_BOOT: both hosts ready, links checked"
 }
 
+# The lab's own folders that the guests' tmpfs mounts (/tmp /run /var/tmp /dev/shm) would hide,
+# comma-separated: a checkout under /tmp (as a CI clone may be) still works, because the guest
+# binds these back from the host root (guest/init.sh, vf.keep=).
+guest_kept_paths() {
+  local p out=() seen=" "
+  for p in "$REPO_DIR" "$LAB_RESULTS_BASE" "$LAB_CACHE" ${VF_SHIM:+"$(dirname "$VF_SHIM")"}; do
+    p=$(realpath -m "$p")
+    case $p in
+      /tmp/* | /run/* | /var/tmp/* | /dev/shm/*) ;;
+      *) continue ;;
+    esac
+    [[ $p != *[[:space:],]* ]] || die "path '$p' holds a space or comma; the guests cannot be given it"
+    [[ $seen == *" $p "* ]] || out+=("$p")
+    seen+="$p "
+  done
+  local IFS=,
+  printf '%s' "${out[*]}"
+}
+
 vm_start() {
   local h=$1 kver=$2 kroot=$3 initrd=$4
   local ctl=$CTL_ROOT/$h
@@ -102,7 +121,7 @@ vm_start() {
     -name "vf-lab-$h" -accel tcg -cpu max -smp 1 -m "${VF_LAB_MEM:-1024}"
     -nodefaults -no-user-config -display none -no-reboot -nic none
     -kernel "$kroot/boot/vmlinuz-$kver" -initrd "$initrd"
-    -append "console=ttyS0 panic=-1 net.ifnames=0 ipv6.disable=1 vf.host=$h vf.ctl=$ctl vf.kroot=$kroot vf.kver=$kver vf.init=$LAB_DIR/guest/init.sh"
+    -append "console=ttyS0 panic=-1 net.ifnames=0 ipv6.disable=1 vf.host=$h vf.ctl=$ctl vf.kroot=$kroot vf.kver=$kver vf.init=$LAB_DIR/guest/init.sh vf.keep=$(guest_kept_paths)"
     -serial "file:$BOOT_DIR/$h.console.log"
     -monitor "unix:${VM_MON[$h]},server,nowait"
     -virtfs "local,path=/,mount_tag=hostroot,security_model=passthrough,multidevs=remap,id=hostroot"
