@@ -7,8 +7,43 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <mutex>
+
 namespace vf {
 namespace {
+
+// libunwind is loaded on first use, RTLD_LOCAL, and never linked: its shared library exports the
+// _Unwind_* symbols of the C++ exception ABI, and as a dependency of a preloaded library it would
+// come before libgcc_s in every process and take over every C++ exception (seen: libstdc++'s
+// _Unwind_RaiseException bound to libunwind.so.8 under LD_PRELOAD). Debian ships libunwind.a
+// without -fPIC, so static linking is not an option either.
+struct UnwindApi {
+  int (*getcontext)(unw_context_t*) = nullptr;
+  int (*init_local)(unw_cursor_t*, unw_context_t*) = nullptr;
+  int (*step)(unw_cursor_t*) = nullptr;
+  int (*get_reg)(unw_cursor_t*, unw_regnum_t, unw_word_t*) = nullptr;
+  int (*get_proc_name)(unw_cursor_t*, char*, size_t, unw_word_t*) = nullptr;
+  bool usable() const { return getcontext && init_local && step && get_reg && get_proc_name; }
+};
+
+UnwindApi load_unwind_api() {
+  UnwindApi api;
+  void* handle = dlopen("libunwind.so.8", RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) return api;
+  // The names behind libunwind.h's unw_* macros for local unwinding on x86_64.
+  api.getcontext = reinterpret_cast<decltype(api.getcontext)>(dlsym(handle, "_Ux86_64_getcontext"));
+  api.init_local = reinterpret_cast<decltype(api.init_local)>(dlsym(handle, "_ULx86_64_init_local"));
+  api.step = reinterpret_cast<decltype(api.step)>(dlsym(handle, "_ULx86_64_step"));
+  api.get_reg = reinterpret_cast<decltype(api.get_reg)>(dlsym(handle, "_ULx86_64_get_reg"));
+  api.get_proc_name =
+      reinterpret_cast<decltype(api.get_proc_name)>(dlsym(handle, "_ULx86_64_get_proc_name"));
+  return api;
+}
+
+const UnwindApi& unwind_api() {
+  static const UnwindApi api = load_unwind_api();
+  return api;
+}
 
 const char* basename_of(const char* path) {
   if (path == nullptr) return "?";
@@ -27,21 +62,25 @@ bool is_own_frame(unw_word_t ip) {
 
 }  // namespace
 
+bool backtraces_available() { return unwind_api().usable(); }
+
 std::string caller_stack(int max_frames) {
+  const UnwindApi& api = unwind_api();
+  if (!api.usable()) return " (libunwind.so.8 not available)";
   unw_context_t context;
   unw_cursor_t cursor;
-  if (unw_getcontext(&context) != 0 || unw_init_local(&cursor, &context) != 0) return " <- ?";
+  if (api.getcontext(&context) != 0 || api.init_local(&cursor, &context) != 0) return " <- ?";
   std::string out;
   int frames = 0;
-  while (frames < max_frames && unw_step(&cursor) > 0) {
+  while (frames < max_frames && api.step(&cursor) > 0) {
     unw_word_t ip = 0;
-    unw_get_reg(&cursor, UNW_REG_IP, &ip);
+    api.get_reg(&cursor, UNW_REG_IP, &ip);
     if (is_own_frame(ip)) continue;
     char name[256];
     unw_word_t offset = 0;
     Dl_info info{};
     dladdr(reinterpret_cast<void*>(ip), &info);
-    if (unw_get_proc_name(&cursor, name, sizeof(name), &offset) == 0) {
+    if (api.get_proc_name(&cursor, name, sizeof(name), &offset) == 0) {
       out += fmt::format(" <- {}+{:#x} ({})", name, offset, basename_of(info.dli_fname));
     } else {
       out += fmt::format(" <- {:#x} ({})", ip, basename_of(info.dli_fname));
@@ -52,15 +91,17 @@ std::string caller_stack(int max_frames) {
 }
 
 void write_stack_to_fd(int fd, int max_frames) {
+  const UnwindApi& api = unwind_api();  // loaded before any signal by backtraces_available()
+  if (!api.usable()) return;
   unw_context_t context;
   unw_cursor_t cursor;
-  if (unw_getcontext(&context) != 0 || unw_init_local(&cursor, &context) != 0) return;
-  for (int frame = 0; frame < max_frames && unw_step(&cursor) > 0; ++frame) {
+  if (api.getcontext(&context) != 0 || api.init_local(&cursor, &context) != 0) return;
+  for (int frame = 0; frame < max_frames && api.step(&cursor) > 0; ++frame) {
     unw_word_t ip = 0;
-    unw_get_reg(&cursor, UNW_REG_IP, &ip);
+    api.get_reg(&cursor, UNW_REG_IP, &ip);
     char name[256] = "?";
     unw_word_t offset = 0;
-    unw_get_proc_name(&cursor, name, sizeof(name), &offset);
+    api.get_proc_name(&cursor, name, sizeof(name), &offset);
     Dl_info info{};
     dladdr(reinterpret_cast<void*>(ip), &info);
     char line[512];

@@ -14,10 +14,9 @@ namespace {
 std::atomic<int> g_fd{STDERR_FILENO};
 std::mutex g_configure_mutex;
 
-int current_tid() {
-  thread_local const int tid = static_cast<int>(::syscall(SYS_gettid));
-  return tid;
-}
+// Not cached: a thread_local cache would keep the parent's tid in a forked child. Logging is off
+// the data path, so the syscall costs nothing that matters.
+int current_tid() { return static_cast<int>(::syscall(SYS_gettid)); }
 
 void write_all(int fd, const char* data, size_t size) {
   while (size > 0) {

@@ -78,12 +78,21 @@ class ObjectRegistry {
       if (slot_key == key) {
         Record* old = slot.record.exchange(nullptr, std::memory_order_acq_rel);
         if (old != nullptr) --size_;
+        clear_tombstones_ending_at(index);
         return old;
       }
       if (slot_key == nullptr) return nullptr;
       index = (index + 1) & (kCapacity - 1);
     }
     return nullptr;
+  }
+
+  // Slots holding a key, live or tombstone (for tests of the clean-up).
+  std::size_t occupied_slots() const {
+    std::lock_guard lock(writers_);
+    std::size_t count = 0;
+    for (const Slot& slot : slots_) count += slot.key.load(std::memory_order_relaxed) != nullptr;
+    return count;
   }
 
   std::size_t size() const {
@@ -102,6 +111,22 @@ class ObjectRegistry {
     std::atomic<const void*> key{nullptr};
     std::atomic<Record*> record{nullptr};
   };
+
+  // A tombstone followed by an empty slot ends every probe chain through it (a reader would stop
+  // at that empty slot anyway), so it, and the run of tombstones before it, can become empty
+  // again. Without this, churn of distinct addresses would fill the table with tombstones and
+  // make every miss scan all of it.
+  void clear_tombstones_ending_at(std::size_t index) {
+    for (std::size_t steps = 0; steps < kCapacity; ++steps) {
+      Slot& slot = slots_[index];
+      const Slot& next = slots_[(index + 1) & (kCapacity - 1)];
+      const bool tombstone = slot.key.load(std::memory_order_relaxed) != nullptr &&
+                             slot.record.load(std::memory_order_relaxed) == nullptr;
+      if (!tombstone || next.key.load(std::memory_order_relaxed) != nullptr) return;
+      slot.key.store(nullptr, std::memory_order_release);
+      index = (index - 1) & (kCapacity - 1);
+    }
+  }
 
   static std::size_t slot_of(const void* key) noexcept {
     // Fibonacci hashing spreads heap addresses, whose low bits are alignment zeros.

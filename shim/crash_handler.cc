@@ -4,6 +4,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
+
 #include <array>
 
 #include "core/backtrace.h"
@@ -17,15 +19,16 @@ std::array<struct sigaction, kFatalSignals.size()> g_previous{};
 
 void on_fatal_signal(int signo, siginfo_t* info, void* /*ucontext*/) {
   const int fd = log_fd();
-  char header[160];
-  const int length = snprintf(header, sizeof(header),
-                              "verbs-failover[%d]: fatal signal %d (%s) at address %p; stack:\n",
-                              static_cast<int>(getpid()), signo, strsignal(signo),
-                              info != nullptr ? info->si_addr : nullptr);
-  if (length > 0) {
-    ssize_t ignored = ::write(fd, header, static_cast<size_t>(length));
-    (void)ignored;
-  }
+  // No heap, no locale, no stdio: fmt formats into a stack buffer; sigabbrev_np returns a
+  // constant string.
+  char header[200];
+  const char* abbrev = sigabbrev_np(signo);
+  const auto header_end = fmt::format_to_n(
+      header, sizeof(header), "verbs-failover[{}]: fatal signal {} (SIG{}) at address {}; stack:\n",
+      static_cast<int>(getpid()), signo, abbrev != nullptr ? abbrev : "?",
+      fmt::ptr(info != nullptr ? info->si_addr : nullptr));
+  ssize_t ignored = ::write(fd, header, header_end.size);
+  (void)ignored;
   write_stack_to_fd(fd);
   // Hand the signal to whoever had it before us; returning re-executes the faulting instruction
   // (or re-raises for abort) under that disposition, so the process dies as it would have.
@@ -38,6 +41,11 @@ void on_fatal_signal(int signo, siginfo_t* info, void* /*ucontext*/) {
 }  // namespace
 
 void install_crash_handler() {
+  // Loaded now: the signal handler must not be the first to dlopen libunwind.
+  if (!backtraces_available()) {
+    VF_LOG_WARN("VERBS_FAILOVER_BACKTRACE=1 but libunwind.so.8 cannot be loaded: crashes and "
+                "trace lines will carry no stack");
+  }
   struct sigaction action {};
   action.sa_sigaction = on_fatal_signal;
   action.sa_flags = SA_SIGINFO | SA_ONSTACK;

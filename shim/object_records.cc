@@ -1,6 +1,7 @@
 #include "shim/object_records.h"
 
 #include <cstddef>
+#include <new>
 
 #include "core/log.h"
 #include "shim/real_verbs.h"
@@ -11,13 +12,12 @@ namespace vf::shim {
 namespace {
 
 // verbs_context grows towards lower addresses; a field exists only if the provider's sz covers it.
-template <typename Field>
 bool has_field(const verbs_context* vctx, std::size_t offset_of_field) {
   return vctx->sz >= sizeof(verbs_context) - offset_of_field;
 }
 
 #define VF_VCTX_FIELD(vctx, field) \
-  (has_field<decltype(verbs_context::field)>(vctx, offsetof(verbs_context, field)) ? vctx->field : nullptr)
+  (has_field(vctx, offsetof(verbs_context, field)) ? vctx->field : nullptr)
 
 // Patches one verbs_context entry if the provider filled it.
 #define VF_PATCH_VCTX(vctx, record, field)                                          \
@@ -26,8 +26,7 @@ bool has_field(const verbs_context* vctx, std::size_t offset_of_field) {
     if (record->field != nullptr) vctx->field = ops::field;                         \
   } while (0)
 
-void warn_full_once(const char* what) {
-  static std::atomic<bool> warned{false};
+void warn_full_once(std::atomic<bool>& warned, const char* what) {
   if (!warned.exchange(true)) {
     VF_LOG_WARN("more live {} than the shim tracks; the excess runs without the shim", what);
   }
@@ -47,10 +46,6 @@ void fork_release() {
   lifecycle_mutex().unlock();
 }
 
-struct ForkRegistration {
-  ForkRegistration() { register_fork_participant({fork_prepare, fork_release, fork_release}); }
-};
-
 }  // namespace
 
 ContextRegistry& context_records() {
@@ -67,18 +62,25 @@ CqExRegistry& cq_ex_records() {
 }
 std::mutex& lifecycle_mutex() {
   static std::mutex mutex;
-  static ForkRegistration fork_registration;
   return mutex;
+}
+
+void register_records_for_fork() {
+  register_fork_participant({fork_prepare, fork_release, fork_release});
 }
 
 void manage_context(ibv_context* context) {
   if (context_records().find(context) != nullptr) return;  // patched already
-  auto* record = new ContextRecord;
+  // Allocation failure leaves the object unmanaged (provider functions), never an exception
+  // escaping into C callers.
+  auto* record = new (std::nothrow) ContextRecord;
+  if (record == nullptr) return;
   record->context = context;
   record->ops = context->ops;
   if (!context_records().insert(context, record)) {
     delete record;
-    warn_full_once("device contexts");
+    static std::atomic<bool> warned{false};
+    warn_full_once(warned, "device contexts");
     return;
   }
   // From here on the inline data-path verbs of this context enter the shim.
@@ -98,36 +100,35 @@ void manage_context(ibv_context* context) {
 
 void forget_context(ibv_context* context) { delete context_records().erase(context); }
 
-void manage_qp_ex(ibv_qp* qp) {
-  ibv_qp_ex* qpx = qp_ex_of(qp);
+void manage_qp_ex(ibv_qp* qp, uint64_t send_ops_flags) {
+  const auto to_qp_ex = real_verbs().ibv_qp_to_qp_ex;
+  ibv_qp_ex* qpx = to_qp_ex != nullptr ? to_qp_ex(qp) : nullptr;
   if (qpx == nullptr || qpx->wr_start == nullptr) return;  // no ibv_wr_* API on this QP
+  if (static_cast<void*>(qpx) != static_cast<void*>(qp)) return;  // forget_qp_ex relies on it
   if (qp_ex_records().find(qpx) != nullptr) return;        // patched already
-  auto* record = new QpExRecord;
+  auto* record = new (std::nothrow) QpExRecord;
+  if (record == nullptr) return;
   record->original = *qpx;
   if (!qp_ex_records().insert(qpx, record)) {
     delete record;
-    warn_full_once("extended QPs");
+    static std::atomic<bool> warned{false};
+    warn_full_once(warned, "extended QPs");
     return;
   }
-  ops::install_qp_ex_hooks(qpx);
+  ops::install_qp_ex_hooks(qpx, send_ops_flags);
 }
 
-ibv_qp_ex* qp_ex_of(ibv_qp* qp) {
-  const auto to_qp_ex = real_verbs().ibv_qp_to_qp_ex;
-  return to_qp_ex != nullptr ? to_qp_ex(qp) : nullptr;
-}
-
-void forget_qp_ex(ibv_qp_ex* qpx) {
-  if (qpx != nullptr) delete qp_ex_records().erase(qpx);
-}
+void forget_qp_ex(ibv_qp* qp) { delete qp_ex_records().erase(qp); }
 
 void manage_cq_ex(ibv_cq_ex* cq) {
   if (cq->start_poll == nullptr || cq_ex_records().find(cq) != nullptr) return;
-  auto* record = new CqExRecord;
+  auto* record = new (std::nothrow) CqExRecord;
+  if (record == nullptr) return;
   record->original = *cq;
   if (!cq_ex_records().insert(cq, record)) {
     delete record;
-    warn_full_once("extended CQs");
+    static std::atomic<bool> warned{false};
+    warn_full_once(warned, "extended CQs");
     return;
   }
   ops::install_cq_ex_hooks(cq);

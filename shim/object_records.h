@@ -55,12 +55,17 @@ void manage_context(ibv_context* context);
 // After a successful ibv_close_device.
 void forget_context(ibv_context* context);
 // Extended QPs/CQs: patch the wr_* / poll functions the provider published.
-// Asked of libibverbs rather than read from verbs_qp: only it knows the provider's layout.
-ibv_qp_ex* qp_ex_of(ibv_qp* qp);
-void manage_qp_ex(ibv_qp* qp);
-// Takes the pointer qp_ex_of gave before the QP was destroyed (the QP's memory is gone after).
-void forget_qp_ex(ibv_qp_ex* qpx);
+// For QPs created with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS only: a provider that accepted send ops
+// allocated a verbs_qp, so its ibv_qp_ex exists. send_ops_flags say which wr_* members the
+// provider filled (a member newer than the runtime rdma-core, like wr_atomic_write before v44,
+// is not there at all and must not be written).
+void manage_qp_ex(ibv_qp* qp, uint64_t send_ops_flags);
+// ibv_qp_ex begins with its ibv_qp, so the QP's address is the key; nothing is dereferenced
+// (the QP is already destroyed when this runs).
+void forget_qp_ex(ibv_qp* qp);
 void manage_cq_ex(ibv_cq_ex* cq);
 void forget_cq(ibv_cq* cq);
+// Drops the lifecycle lock and the registries' locks across fork() (shim_state's atfork).
+void register_records_for_fork();
 
 }  // namespace vf::shim

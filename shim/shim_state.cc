@@ -10,6 +10,7 @@
 
 #include "core/log.h"
 #include "shim/crash_handler.h"
+#include "shim/object_records.h"
 
 namespace vf::shim {
 namespace {
@@ -24,16 +25,22 @@ constinit std::mutex g_init_mutex;
 
 constexpr std::size_t kMaxForkParticipants = 8;
 std::array<ForkParticipant, kMaxForkParticipants> g_fork_participants{};
-std::size_t g_fork_participant_count = 0;
+std::atomic<std::size_t> g_fork_participant_count{0};
 
+// The initialisation lock is taken first, so a fork while another thread initialises cannot
+// leave the child with it held.
 void fork_prepare() {
-  for (std::size_t i = 0; i < g_fork_participant_count; ++i) g_fork_participants[i].prepare();
+  g_init_mutex.lock();
+  const std::size_t count = g_fork_participant_count.load();
+  for (std::size_t i = 0; i < count; ++i) g_fork_participants[i].prepare();
 }
 void fork_parent() {
-  for (std::size_t i = g_fork_participant_count; i-- > 0;) g_fork_participants[i].parent();
+  for (std::size_t i = g_fork_participant_count.load(); i-- > 0;) g_fork_participants[i].parent();
+  g_init_mutex.unlock();
 }
 void fork_child() {
-  for (std::size_t i = g_fork_participant_count; i-- > 0;) g_fork_participants[i].child();
+  for (std::size_t i = g_fork_participant_count.load(); i-- > 0;) g_fork_participants[i].child();
+  g_init_mutex.unlock();
 }
 
 // Configuration problems go to stderr whatever the log settings are: the variable that is wrong
@@ -64,6 +71,7 @@ void initialize_slow() {
     report_problem(error);
   }
   g_active.store(g_config.enabled, std::memory_order_relaxed);
+  register_records_for_fork();
   pthread_atfork(fork_prepare, fork_parent, fork_child);
   if (g_config.backtrace) install_crash_handler();
   VF_LOG_DEBUG("initialised: hooks {}, log level {}, backtrace {}",
@@ -80,9 +88,11 @@ const Config& config() {
 }
 
 void register_fork_participant(ForkParticipant participant) {
-  std::lock_guard lock(g_init_mutex);
-  if (g_fork_participant_count < kMaxForkParticipants) {
-    g_fork_participants[g_fork_participant_count++] = participant;
+  // Called during initialisation only, under g_init_mutex (taken by initialize_slow).
+  const std::size_t index = g_fork_participant_count.load();
+  if (index < kMaxForkParticipants) {
+    g_fork_participants[index] = participant;
+    g_fork_participant_count.store(index + 1);
   }
 }
 

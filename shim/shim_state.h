@@ -46,6 +46,7 @@ struct ForkParticipant {
   void (*parent)();
   void (*child)();
 };
+// Only during initialisation (the shim's own modules register from initialize_slow).
 void register_fork_participant(ForkParticipant participant);
 
 }  // namespace vf::shim

@@ -20,12 +20,22 @@ std::string describe_cq(const ibv_cq* cq) {
   return fmt::format("cq={}(cqe={})", fmt::ptr(cq), cq->cqe);
 }
 
+void trace_poll_line(const char* verb, const ibv_cq* cq, int num_entries, const ibv_wc* wc,
+                     int polled, std::uint64_t elapsed_ns, int error);
+
 // A busy-polling program (NCCL) polls an empty CQ millions of times a second; one trace line per
 // empty poll would drown the log, so they are counted and reported on the next non-empty poll.
 thread_local std::uint64_t t_empty_polls = 0;
 
 void trace_poll(const char* verb, const ibv_cq* cq, int num_entries, const ibv_wc* wc, int polled,
                 std::uint64_t elapsed_ns) {
+  const int saved_errno = errno;  // a failed poll's errno is the caller's to read
+  trace_poll_line(verb, cq, num_entries, wc, polled, elapsed_ns, saved_errno);
+  errno = saved_errno;
+}
+
+void trace_poll_line(const char* verb, const ibv_cq* cq, int num_entries, const ibv_wc* wc,
+                     int polled, std::uint64_t elapsed_ns, int error) {
   if (polled == 0) {
     ++t_empty_polls;
     return;
@@ -37,7 +47,7 @@ void trace_poll(const char* verb, const ibv_cq* cq, int num_entries, const ibv_w
   vf::shim::TraceBuffer result;
   fmt::format_to(std::back_inserter(result), "{} [{}]", polled,
                  polled > 0 ? vf::shim::describe_wc(wc, polled) : std::string());
-  vf::shim::emit_trace(verb, args, &result, polled < 0 ? errno : 0, elapsed_ns);
+  vf::shim::emit_trace(verb, args, &result, polled < 0 ? error : 0, elapsed_ns);
 }
 
 }  // namespace
@@ -61,6 +71,7 @@ VF_EXPORT int ibv_resize_cq(ibv_cq* cq, int cqe) {
 
 VF_EXPORT int ibv_destroy_cq(ibv_cq* cq) {
   return intercept("ibv_destroy_cq", VF_ARGS("{}", describe_cq(cq)), [&] {
+    if (!vf::shim::shim_active()) return real_verbs().ibv_destroy_cq(cq);
     std::lock_guard lock(vf::shim::lifecycle_mutex());
     const int result = real_verbs().ibv_destroy_cq(cq);
     if (result == 0) vf::shim::forget_cq(cq);

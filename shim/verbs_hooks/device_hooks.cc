@@ -49,6 +49,7 @@ VF_EXPORT __be64 ibv_get_device_guid(ibv_device* device) {
 }
 
 VF_EXPORT int ibv_get_device_index(ibv_device* device) {
+  if (real_verbs().ibv_get_device_index == nullptr) return -1;  // libibverbs < v30: "unknown"
   return intercept("ibv_get_device_index", VF_ARGS("device={}", device_name(device)),
                    [&] { return real_verbs().ibv_get_device_index(device); });
 }
@@ -68,6 +69,7 @@ VF_EXPORT ibv_context* ibv_import_device(int cmd_fd) {
 
 VF_EXPORT int ibv_close_device(ibv_context* context) {
   return intercept("ibv_close_device", VF_ARGS("{}", describe_context(context)), [&] {
+    if (!vf::shim::shim_active()) return real_verbs().ibv_close_device(context);
     std::lock_guard lock(vf::shim::lifecycle_mutex());
     const int result = real_verbs().ibv_close_device(context);
     if (result == 0) vf::shim::forget_context(context);
@@ -133,6 +135,10 @@ VF_EXPORT int ibv_query_pkey(ibv_context* context, uint8_t port_num, int index, 
 }
 
 VF_EXPORT int ibv_get_pkey_index(ibv_context* context, uint8_t port_num, __be16 pkey) {
+  if (real_verbs().ibv_get_pkey_index == nullptr) {
+    errno = EOPNOTSUPP;
+    return -1;
+  }
   return intercept("ibv_get_pkey_index",
                    VF_ARGS("{} port={} pkey={:#x}", describe_context(context), port_num, pkey),
                    [&] { return real_verbs().ibv_get_pkey_index(context, port_num, pkey); });

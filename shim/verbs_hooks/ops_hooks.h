@@ -22,7 +22,7 @@ ibv_cq_ex* create_cq_ex(ibv_context* context, ibv_cq_init_attr_ex* attr);
 ibv_srq* create_srq_ex(ibv_context* context, ibv_srq_init_attr_ex* attr);
 
 // ibv_qp_ex and ibv_cq_ex function tables.
-void install_qp_ex_hooks(ibv_qp_ex* qpx);
+void install_qp_ex_hooks(ibv_qp_ex* qpx, uint64_t send_ops_flags);
 void install_cq_ex_hooks(ibv_cq_ex* cq);
 
 }  // namespace vf::shim::ops

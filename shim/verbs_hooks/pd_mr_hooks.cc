@@ -38,6 +38,9 @@ VF_EXPORT ibv_mr* ibv_reg_mr(ibv_pd* pd, void* addr, size_t length, int access) 
 
 VF_EXPORT ibv_mr* ibv_reg_mr_iova(ibv_pd* pd, void* addr, size_t length, uint64_t iova,
                                   int access) {
+  if (real_verbs().ibv_reg_mr_iova == nullptr) {
+    return vf::shim::unsupported_verb<ibv_mr*>("ibv_reg_mr_iova");
+  }
   return intercept("ibv_reg_mr_iova",
                    VF_ARGS("pd={} addr={} len={} iova={:#x} access={:#x}", fmt::ptr(pd), addr,
                            length, iova, access),
@@ -46,6 +49,14 @@ VF_EXPORT ibv_mr* ibv_reg_mr_iova(ibv_pd* pd, void* addr, size_t length, uint64_
 
 VF_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64_t iova,
                                    unsigned int access) {
+  if (real_verbs().ibv_reg_mr_iova2 == nullptr) {
+    // libibverbs < v29: NCCL finds the shim's export and calls it, so serve what the old library
+    // can (optional access bits are hints, dropping them is what libibverbs itself does).
+    if (iova != reinterpret_cast<uintptr_t>(addr)) {
+      return vf::shim::unsupported_verb<ibv_mr*>("ibv_reg_mr_iova2");
+    }
+    return ibv_reg_mr(pd, addr, length, static_cast<int>(access & ~IBV_ACCESS_OPTIONAL_RANGE));
+  }
   return intercept("ibv_reg_mr_iova2",
                    VF_ARGS("pd={} addr={} len={} iova={:#x} access={:#x}", fmt::ptr(pd), addr,
                            length, iova, access),

@@ -58,7 +58,7 @@ struct WrHook<R (*ibv_qp_ex::*)(ibv_qp_ex*, Args...)> {
 
 }  // namespace
 
-void install_qp_ex_hooks(ibv_qp_ex* qpx) {
+void install_qp_ex_hooks(ibv_qp_ex* qpx, uint64_t send_ops_flags) {
   VF_INSTALL_WR_HOOK(qpx, wr_start);
   VF_INSTALL_WR_HOOK(qpx, wr_complete);
   VF_INSTALL_WR_HOOK(qpx, wr_abort);
@@ -71,7 +71,9 @@ void install_qp_ex_hooks(ibv_qp_ex* qpx) {
   VF_INSTALL_WR_HOOK(qpx, wr_rdma_read);
   VF_INSTALL_WR_HOOK(qpx, wr_atomic_cmp_swp);
   VF_INSTALL_WR_HOOK(qpx, wr_atomic_fetch_add);
-  VF_INSTALL_WR_HOOK(qpx, wr_atomic_write);
+  // Added to ibv_qp_ex in rdma-core v44: on an older runtime this address is the provider's
+  // verbs_qp.comp_mask. A provider that accepted IBV_QP_EX_WITH_ATOMIC_WRITE has the member.
+  if (send_ops_flags & IBV_QP_EX_WITH_ATOMIC_WRITE) VF_INSTALL_WR_HOOK(qpx, wr_atomic_write);
   VF_INSTALL_WR_HOOK(qpx, wr_bind_mw);
   VF_INSTALL_WR_HOOK(qpx, wr_local_inv);
   VF_INSTALL_WR_HOOK(qpx, wr_set_sge);

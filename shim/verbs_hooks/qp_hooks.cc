@@ -44,22 +44,14 @@ std::string describe_modify(const ibv_qp_attr* attr, int mask) {
   return out;
 }
 
-// Called with the lifecycle lock held, on a QP the provider has just created.
-ibv_qp* take_over_qp(ibv_qp* qp) {
-  if (qp != nullptr && vf::shim::shim_active()) {
-    vf::shim::manage_qp_ex(qp);
-  }
-  return qp;
-}
-
 }  // namespace
 
 VF_EXPORT ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
+  // A classic QP has no ibv_wr_* API (only IBV_QP_INIT_ATTR_SEND_OPS_FLAGS asks for one), and
+  // many providers (bnxt_re, irdma, siw...) allocate a bare ibv_qp, so it is never looked at as
+  // an ibv_qp_ex.
   return intercept("ibv_create_qp", VF_ARGS("pd={} {}", fmt::ptr(pd), describe_init_attr(attr)),
-                   [&] {
-                     std::lock_guard lock(vf::shim::lifecycle_mutex());
-                     return take_over_qp(real_verbs().ibv_create_qp(pd, attr));
-                   });
+                   [&] { return real_verbs().ibv_create_qp(pd, attr); });
 }
 
 VF_EXPORT int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
@@ -74,15 +66,18 @@ VF_EXPORT int ibv_query_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask, ibv_qp_init_
 
 VF_EXPORT int ibv_destroy_qp(ibv_qp* qp) {
   return intercept("ibv_destroy_qp", VF_ARGS("{}", describe_qp(qp)), [&] {
+    if (!vf::shim::shim_active()) return real_verbs().ibv_destroy_qp(qp);
     std::lock_guard lock(vf::shim::lifecycle_mutex());
-    ibv_qp_ex* qpx = vf::shim::qp_ex_of(qp);
     const int result = real_verbs().ibv_destroy_qp(qp);
-    if (result == 0) vf::shim::forget_qp_ex(qpx);
+    if (result == 0) vf::shim::forget_qp_ex(qp);
     return result;
   });
 }
 
 VF_EXPORT ibv_qp_ex* ibv_qp_to_qp_ex(ibv_qp* qp) {
+  if (real_verbs().ibv_qp_to_qp_ex == nullptr) {
+    return vf::shim::unsupported_verb<ibv_qp_ex*>("ibv_qp_to_qp_ex");
+  }
   return intercept("ibv_qp_to_qp_ex", VF_ARGS("{}", describe_qp(qp)),
                    [&] { return real_verbs().ibv_qp_to_qp_ex(qp); });
 }
@@ -160,7 +155,9 @@ ibv_qp* create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr) {
       [&] {
         std::lock_guard lock(lifecycle_mutex());
         ibv_qp* qp = record->create_qp_ex(context, attr);
-        if (qp != nullptr && shim_active()) manage_qp_ex(qp);
+        if (qp != nullptr && (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)) {
+          manage_qp_ex(qp, attr->send_ops_flags);
+        }
         return qp;
       });
 }

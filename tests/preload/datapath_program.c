@@ -1,7 +1,9 @@
 /* Exercises every data-path entry a provider publishes — ibv_context.ops (post_send, post_recv,
-   poll_cq, req_notify_cq), verbs_context (query_port, query_device_ex, create_qp_ex,
-   create_cq_ex) and the ibv_wr_* API of an extended QP — between two RC QPs on --dev-a and
-   --dev-b (the same device is fine: a QP pair on one port loops back).
+   post_srq_recv, poll_cq, req_notify_cq), verbs_context (query_port, query_device_ex,
+   create_qp_ex, create_cq_ex), the ibv_wr_* API of an extended QP and the start/next/end_poll API
+   of an extended CQ — between two RC QPs on --dev-a and --dev-b (the same device is fine: a QP
+   pair on one port loops back). Side A uses a classic CQ with a completion channel and an
+   extended QP; side B an extended CQ, a classic QP and a shared receive queue.
 
    It prints a transcript of everything the application can observe (completions, attributes,
    received bytes). Values that legitimately differ from run to run on real devices (QP numbers,
@@ -63,6 +65,8 @@ struct side {
   struct ibv_qp* qp;
   struct ibv_qp_ex* qpx; /* NULL when the provider has no ibv_wr_* API */
   struct ibv_comp_channel* channel;
+  struct ibv_cq_ex* cqx; /* B: the extended CQ behind cq */
+  struct ibv_srq* srq;   /* B: receives go to a shared receive queue */
   union ibv_gid gid;
   unsigned char* buf;
 };
@@ -83,7 +87,43 @@ static void print_wc(const char* side, const struct ibv_wc* wc) {
 }
 
 /* Polls until `count` completions arrived or the deadline passed (a hang is a failure). */
+/* The extended CQ's way: start_poll, read_* accessors, next_poll, end_poll. */
+static void poll_n_ex(struct side* s, int count) {
+  const long long deadline = now_ms() + TIMEOUT_MS;
+  int got = 0;
+  while (got < count) {
+    struct ibv_poll_cq_attr attr = {0};
+    int rc = ibv_start_poll(s->cqx, &attr);
+    if (rc == ENOENT) {
+      if (now_ms() > deadline) die("timeout waiting for %d completions on %s", count, s->label);
+      continue;
+    }
+    if (rc) die("ibv_start_poll on %s returned %d", s->label, rc);
+    for (;;) {
+      struct ibv_wc wc;
+      memset(&wc, 0, sizeof(wc));
+      wc.wr_id = s->cqx->wr_id;
+      wc.status = s->cqx->status;
+      wc.opcode = ibv_wc_read_opcode(s->cqx);
+      wc.wc_flags = ibv_wc_read_wc_flags(s->cqx);
+      wc.byte_len = ibv_wc_read_byte_len(s->cqx);
+      wc.qp_num = ibv_wc_read_qp_num(s->cqx);
+      if (wc.wc_flags & IBV_WC_WITH_IMM) wc.imm_data = ibv_wc_read_imm_data(s->cqx);
+      print_wc(s->label, &wc);
+      if (++got >= count) break;
+      rc = ibv_next_poll(s->cqx);
+      if (rc == ENOENT) break;
+      if (rc) die("ibv_next_poll on %s returned %d", s->label, rc);
+    }
+    ibv_end_poll(s->cqx);
+  }
+}
+
 static void poll_n(struct side* s, int count) {
+  if (s->cqx) {
+    poll_n_ex(s, count);
+    return;
+  }
   const long long deadline = now_ms() + TIMEOUT_MS;
   int got = 0;
   while (got < count) {
@@ -130,8 +170,27 @@ static void open_side(struct side* s, struct ibv_device* dev, int gid_index) {
   }
   s->channel = ibv_create_comp_channel(s->ctx);
   if (!s->channel) die("ibv_create_comp_channel");
-  s->cq = ibv_create_cq(s->ctx, 64, s, s->channel, 0);
-  if (!s->cq) die("ibv_create_cq");
+  if (s == &g_b) {
+    struct ibv_cq_init_attr_ex cattr;
+    memset(&cattr, 0, sizeof(cattr));
+    cattr.cqe = 64;
+    cattr.cq_context = s;
+    cattr.wc_flags = IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM;
+    s->cqx = ibv_create_cq_ex(s->ctx, &cattr);
+    if (!s->cqx) die("ibv_create_cq_ex");
+    s->cq = ibv_cq_ex_to_cq(s->cqx);
+    struct ibv_srq_init_attr sattr;
+    memset(&sattr, 0, sizeof(sattr));
+    sattr.srq_context = s;
+    sattr.attr.max_wr = 32;
+    sattr.attr.max_sge = 1;
+    s->srq = ibv_create_srq(s->pd, &sattr);
+    if (!s->srq) die("ibv_create_srq");
+    printf("SRQ %s srq_context_ok=%d\n", s->label, s->srq->srq_context == s);
+  } else {
+    s->cq = ibv_create_cq(s->ctx, 64, s, s->channel, 0);
+    if (!s->cq) die("ibv_create_cq");
+  }
   printf("CQ %s cqe_at_least_64=%d cq_context_ok=%d\n", s->label, s->cq->cqe >= 64,
          s->cq->cq_context == s);
 }
@@ -149,6 +208,7 @@ static void create_qp(struct side* s, int extended) {
   attr.cap.max_inline_data = 64;
   attr.pd = s->pd;
   attr.qp_context = s;
+  attr.srq = s->srq;
   attr.comp_mask = IBV_QP_INIT_ATTR_PD;
   if (extended) {
     attr.comp_mask |= IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
@@ -209,8 +269,8 @@ static void post_recv(struct side* s, uint64_t wr_id, size_t offset, uint32_t le
   struct ibv_sge sge = {.addr = (uintptr_t)(s->buf + offset), .length = length, .lkey = s->mr->lkey};
   struct ibv_recv_wr wr = {.wr_id = wr_id, .sg_list = length ? &sge : NULL, .num_sge = length ? 1 : 0};
   struct ibv_recv_wr* bad = NULL;
-  int rc = ibv_post_recv(s->qp, &wr, &bad);
-  if (rc) die("ibv_post_recv rc=%d", rc);
+  int rc = s->srq ? ibv_post_srq_recv(s->srq, &wr, &bad) : ibv_post_recv(s->qp, &wr, &bad);
+  if (rc) die("%s rc=%d", s->srq ? "ibv_post_srq_recv" : "ibv_post_recv", rc);
 }
 
 static void post_send(struct side* s, uint64_t wr_id, enum ibv_wr_opcode op, size_t offset,
@@ -252,6 +312,11 @@ static void report_ops(void) {
     printf("OPS create_qp_ex %s\n", object_of((void*)v->create_qp_ex));
     printf("OPS query_device_ex %s\n", object_of((void*)v->query_device_ex));
   }
+  struct verbs_context* vb = verbs_get_ctx(g_b.ctx);
+  printf("OPS post_srq_recv %s\n", object_of((void*)g_b.ctx->ops.post_srq_recv));
+  if (vb) printf("OPS create_cq_ex %s\n", object_of((void*)vb->create_cq_ex));
+  printf("OPS start_poll %s\n", object_of((void*)g_b.cqx->start_poll));
+  printf("OPS next_poll %s\n", object_of((void*)g_b.cqx->next_poll));
   if (g_a.qpx) {
     printf("OPS wr_start %s\n", object_of((void*)g_a.qpx->wr_start));
     printf("OPS wr_rdma_write_imm %s\n", object_of((void*)g_a.qpx->wr_rdma_write_imm));
@@ -372,11 +437,21 @@ int main(int argc, char** argv) {
   poll_n(&g_a, 1);
   poll_n(&g_b, 1);
 
+  /* 7. The other direction: B sends into a receive A posted (A's post_recv, B's send completion
+        through the extended CQ). */
+  post_recv(&g_a, 200, 50000, 4096);
+  fill(g_b.buf + 50000, 256, 7);
+  post_send(&g_b, 60, IBV_WR_SEND, 50000, 256, 0, 0, 0, IBV_SEND_SIGNALED);
+  poll_n(&g_b, 1);
+  poll_n(&g_a, 1);
+  expect_bytes("reverse_send", g_a.buf + 50000, g_b.buf + 50000, 256);
+
   /* Teardown, in the order programs do it. */
   struct side* sides[2] = {&g_a, &g_b};
   for (int i = 0; i < 2; ++i) {
     struct side* s = sides[i];
     if (ibv_destroy_qp(s->qp)) die("ibv_destroy_qp");
+    if (s->srq && ibv_destroy_srq(s->srq)) die("ibv_destroy_srq");
     if (ibv_destroy_cq(s->cq)) die("ibv_destroy_cq");
     if (ibv_destroy_comp_channel(s->channel)) die("ibv_destroy_comp_channel");
     if (ibv_dereg_mr(s->mr)) die("ibv_dereg_mr");

@@ -79,6 +79,19 @@ TEST_CASE("many create/destroy cycles of distinct addresses never exhaust the ta
     REQUIRE(registry.erase(&key) == &record);
   }
   CHECK(registry.size() == 0);
+  CHECK(registry.occupied_slots() == 0);  // no tombstones left behind to slow down misses
+}
+
+TEST_CASE("erasing leaves live keys of the same probe chain findable; dead ends are cleaned") {
+  SmallRegistry registry;
+  std::vector<int> keys(12);
+  std::vector<Record> records(keys.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) REQUIRE(registry.insert(&keys[i], &records[i]));
+  for (std::size_t i = 0; i < keys.size(); i += 2) REQUIRE(registry.erase(&keys[i]) == &records[i]);
+  for (std::size_t i = 1; i < keys.size(); i += 2) CHECK(registry.find(&keys[i]) == &records[i]);
+  for (std::size_t i = 0; i < keys.size(); i += 2) CHECK(registry.find(&keys[i]) == nullptr);
+  for (std::size_t i = 1; i < keys.size(); i += 2) REQUIRE(registry.erase(&keys[i]) == &records[i]);
+  CHECK(registry.occupied_slots() == 0);
 }
 
 TEST_CASE("readers see a stable record while another thread inserts and erases other keys") {

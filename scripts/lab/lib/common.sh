@@ -42,7 +42,7 @@ poll_until() {
 kernel_package() {
   # linux-image-amd64 is a metapackage; its single linux-image-<abi>-amd64 dependency is the kernel.
   apt-cache depends linux-image-amd64 2>/dev/null |
-    awk '/Depends: linux-image-[0-9].*-amd64$/ {print $2; exit}'
+    awk '/Depends: linux-image-[0-9].*-amd64$/ && !found {print $2; found = 1}'
 }
 
 # The kernel the cache currently holds (written by prepare), so `run` needs no apt metadata.
