@@ -106,6 +106,16 @@ case "$case_name" in
     [ -s "$log" ] || fail "no log file vf-$pid.log (found: $(ls "$work"))"
     expect_in "$log" "^verbs-failover\[$pid:$pid\] trace: ibv_get_device_list\(.*\) = .* errno=[0-9]+.* \([0-9]+ ns\)$"
     ;;
+  fork)
+    # fork() after initialisation: children use verbs and log as themselves.
+    run env LD_PRELOAD="$VF_SHIM" "${trace_env[@]}" "$VF_BIN/vf_fork_program" >"$out" 2>&1 ||
+      fail "fork program failed (a child hung or failed)"
+    expect_in "$out" "^PASS: 0 failed children"
+    [ "$(grep -c "^CHILD " "$out")" -eq 5 ] || fail "expected 5 children"
+    while read -r _ pid; do
+      expect_in "$log" "^verbs-failover\[$pid:$pid\] trace: ibv_get_device_list\("
+    done < <(grep '^CHILD ' "$out")
+    ;;
   backtrace_crash)
     # A crash inside the shim prints a symbolised stack before the process dies by its signal.
     set +e
