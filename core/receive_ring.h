@@ -1,0 +1,61 @@
+// The receive side of exactly-once failover (docs/design.md §5): the receives a protected QP (or
+// SRQ) has posted, in order, and how many receive-consuming messages it has delivered to the
+// application. After a failover the count goes to the peer (which replays exactly the messages
+// after it) and the receives still pending are posted again, in order, on the standby path.
+// Part of the failover work (issue "Transparent failover"); not used by the shim yet.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace vf {
+
+struct ReceiveRecord {
+  std::uint64_t wr_id = 0;
+  std::uint32_t num_sge = 0;
+};
+
+class ReceiveRing {
+ public:
+  static constexpr std::uint32_t kMaxCapacity = 1u << 16;
+  static constexpr std::uint32_t kMaxSge = 32;
+
+  ReceiveRing(std::uint32_t capacity, std::uint32_t max_sge);
+
+  // 0, ENOMEM when full (the receive queue is), EINVAL beyond the SGE limit.
+  int record(const ibv_recv_wr& wr);
+
+  // A successful receive completion reached the application: RC consumes receives in posting
+  // order, so it is the oldest pending one. Returns false when nothing was pending (a completion
+  // the ring did not expect: the caller logs it and treats the QP as unprotected).
+  bool consume_oldest(std::uint64_t wr_id);
+
+  std::uint64_t delivered_messages() const { return delivered_; }
+  std::uint32_t pending() const { return static_cast<std::uint32_t>(tail_ - head_); }
+
+  // The pending receives, oldest first, to post again on the standby path.
+  template <typename Visit>
+  void for_each_pending(Visit&& visit) const {
+    for (std::uint64_t position = head_; position < tail_; ++position) {
+      const std::uint32_t slot = slot_of(position);
+      visit(records_[slot], &sge_storage_[static_cast<std::size_t>(slot) * max_sge_]);
+    }
+  }
+
+ private:
+  std::uint32_t slot_of(std::uint64_t position) const {
+    return static_cast<std::uint32_t>(position % capacity_);
+  }
+
+  std::uint32_t capacity_;
+  std::uint32_t max_sge_;
+  std::vector<ReceiveRecord> records_;
+  std::vector<ibv_sge> sge_storage_;
+  std::uint64_t head_ = 0;
+  std::uint64_t tail_ = 0;
+  std::uint64_t delivered_ = 0;
+};
+
+}  // namespace vf

@@ -1,0 +1,81 @@
+// The send side of exactly-once failover (docs/design.md §5): every send work request of a
+// protected QP stays here, in posting order, until a completion proves it done; after a failover
+// the ring says exactly which requests to replay on the standby path.
+// Part of the failover work (issue "Transparent failover"); not used by the shim yet.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace vf {
+
+struct SendRecord {
+  std::uint64_t sequence = 0;  // posting order, from 1
+  // Receive-consuming messages (SEND, SEND_WITH_IMM, RDMA_WRITE_WITH_IMM) posted up to and
+  // including this one: the peer's count of delivered messages is compared with it.
+  std::uint64_t message_index = 0;
+  ibv_send_wr wr{};  // sg_list and next point nowhere; use sges()/inline_data()
+  std::uint32_t num_sge = 0;
+  std::uint32_t inline_length = 0;
+  bool consumes_receive() const;
+  bool is_atomic() const;
+};
+
+class RetransmitRing {
+ public:
+  static constexpr std::uint32_t kMaxCapacity = 1u << 16;
+  static constexpr std::uint32_t kMaxSge = 32;
+
+  // Allocates everything once, at QP creation (control path): recording never allocates.
+  RetransmitRing(std::uint32_t capacity, std::uint32_t max_sge, std::uint32_t max_inline);
+
+  // Copies one work request (its SGEs, and its payload when IBV_SEND_INLINE: the application may
+  // reuse the buffer as soon as post_send returns). Returns 0, ENOMEM when the ring is full (the
+  // send queue is), or EINVAL when the request exceeds the QP's SGE or inline limits.
+  int record(const ibv_send_wr& wr);
+
+  // A successful completion of the request with this sequence: RC completes in order, so it and
+  // every earlier request (unsignaled ones included) are done.
+  void retire_through(std::uint64_t sequence);
+
+  // What to do with the outstanding requests after a failover, given how many receive-consuming
+  // messages the peer reports having delivered from this QP:
+  //  - replay: every message after that count; every write posted after the last delivered
+  //    message (whether it executed cannot be known; it is re-executed in order with the same
+  //    data); every RDMA_READ (its response may have been lost even when later messages were
+  //    delivered, and reading again is harmless);
+  //  - unrecoverable: atomics — one that executed must not run twice, and its result may be lost;
+  //    they complete with an error (docs/design.md §5).
+  // Both hold pointers into the ring, in posting order. Returns false if the peer claims more
+  // messages than were ever posted (a protocol error).
+  bool replay_set(std::uint64_t delivered_messages, std::vector<const SendRecord*>& replay,
+                  std::vector<const SendRecord*>& unrecoverable) const;
+
+  const ibv_sge* sges(const SendRecord& record) const;
+  const std::uint8_t* inline_data(const SendRecord& record) const;
+
+  std::uint32_t outstanding() const { return static_cast<std::uint32_t>(tail_ - head_); }
+  std::uint32_t capacity() const { return capacity_; }
+  std::uint64_t last_sequence() const { return next_sequence_ - 1; }
+  std::uint64_t messages_posted() const { return messages_posted_; }
+
+ private:
+  std::uint32_t slot_of(std::uint64_t position) const {
+    return static_cast<std::uint32_t>(position % capacity_);
+  }
+
+  std::uint32_t capacity_;
+  std::uint32_t max_sge_;
+  std::uint32_t max_inline_;
+  std::vector<SendRecord> records_;
+  std::vector<ibv_sge> sge_storage_;           // capacity * max_sge
+  std::vector<std::uint8_t> inline_storage_;   // capacity * max_inline
+  std::uint64_t head_ = 0;  // oldest outstanding position
+  std::uint64_t tail_ = 0;  // next free position
+  std::uint64_t next_sequence_ = 1;
+  std::uint64_t messages_posted_ = 0;
+};
+
+}  // namespace vf
