@@ -11,6 +11,7 @@
 #include "core/log.h"
 #include "shim/crash_handler.h"
 #include "shim/object_records.h"
+#include "shim/port_monitor.h"
 
 namespace vf::shim {
 namespace {
@@ -72,6 +73,7 @@ void initialize_slow() {
   }
   g_active.store(g_config.enabled, std::memory_order_relaxed);
   register_records_for_fork();
+  register_port_monitor_for_fork();
   pthread_atfork(fork_prepare, fork_parent, fork_child);
   if (g_config.backtrace) install_crash_handler();
   VF_LOG_DEBUG("initialised: hooks {}, log level {}, backtrace {}",

@@ -6,6 +6,7 @@
 
 #include "shim/export.h"
 #include "shim/object_records.h"
+#include "shim/port_monitor.h"
 #include "shim/real_verbs.h"
 #include "shim/trace.h"
 #include "shim/verbs_hooks/ops_hooks.h"
@@ -21,8 +22,11 @@ const char* device_name(const ibv_device* device) { return device != nullptr ? d
 
 ibv_context* take_over_context(ibv_context* context) {
   if (context != nullptr && vf::shim::shim_active()) {
-    std::lock_guard lock(vf::shim::lifecycle_mutex());
-    vf::shim::manage_context(context);
+    {
+      std::lock_guard lock(vf::shim::lifecycle_mutex());
+      vf::shim::manage_context(context);
+    }
+    vf::shim::watch_ports_of(context->device);
   }
   return context;
 }

@@ -179,6 +179,18 @@ case "$case_name" in
       expect_in "$out" "^OPS $op $want$"
     done
     ;;
+  port_monitor_fake)
+    # The shim's own port watch: a fake port down/up is seen by its monitor thread, and the
+    # application still receives its own PORT_ERR/PORT_ACTIVE events.
+    : "${VF_FAKE_LIB_DIR:?}"
+    run env LD_LIBRARY_PATH="$VF_FAKE_LIB_DIR" LD_PRELOAD="$VF_SHIM" VERBS_FAILOVER_LOG=info \
+      "VERBS_FAILOVER_LOG_FILE=$log" "$VF_BIN/vf_port_monitor_program" >"$out" 2>&1 ||
+      fail "port monitor program failed"
+    expect_in "$out" "^WATCHED changes=0$"
+    expect_in "$out" "^MONITOR down_seen=1 up_seen=1 app_down=1 app_up=1$"
+    expect_in "$log" "info: port fake0/1 is DOWN \(was ACTIVE; "
+    expect_in "$log" "info: port fake0/1 is ACTIVE \(was DOWN; "
+    ;;
   *)
     echo "unknown case $case_name"; exit 2 ;;
 esac
