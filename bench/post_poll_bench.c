@@ -5,6 +5,8 @@
    Usage: post_poll_bench [iterations]   (needs LD_LIBRARY_PATH at the fake libibverbs) */
 #define _GNU_SOURCE
 #include <infiniband/verbs.h>
+
+#include "tests/common/rc_connect.h"
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,33 +48,9 @@ static void open_end(struct end* e, struct ibv_device* dev) {
 }
 
 static void connect_end(struct end* e, struct end* peer) {
-  struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .port_num = 1,
-                          .qp_access_flags = IBV_ACCESS_REMOTE_WRITE};
-  if (ibv_modify_qp(e->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
-    fail("init");
-  memset(&a, 0, sizeof(a));
-  a.qp_state = IBV_QPS_RTR;
-  a.path_mtu = IBV_MTU_1024;
-  a.dest_qp_num = peer->qp->qp_num;
-  a.max_dest_rd_atomic = 1;
-  a.min_rnr_timer = 12;
-  a.ah_attr.is_global = 1;
-  a.ah_attr.grh.dgid = peer->gid;
-  a.ah_attr.grh.sgid_index = 1;
-  a.ah_attr.grh.hop_limit = 1;
-  a.ah_attr.port_num = 1;
-  if (ibv_modify_qp(e->qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                   IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-    fail("rtr");
-  memset(&a, 0, sizeof(a));
-  a.qp_state = IBV_QPS_RTS;
-  a.timeout = 14;
-  a.retry_cnt = 7;
-  a.rnr_retry = 7;
-  a.max_rd_atomic = 1;
-  if (ibv_modify_qp(e->qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                                   IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
-    fail("rts");
+  if (vf_test_rc_connect(e->qp, peer->qp->qp_num, peer->gid, 1, IBV_ACCESS_REMOTE_WRITE)) {
+    fail("connect");
+  }
 }
 
 int main(int argc, char** argv) {

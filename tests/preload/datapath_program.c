@@ -18,6 +18,8 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <infiniband/verbs.h>
+
+#include "tests/common/rc_connect.h"
 #include <poll.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -225,38 +227,10 @@ static void create_qp(struct side* s, int extended) {
 }
 
 static void connect_qp(struct side* s, const struct side* peer, int gid_index) {
-  struct ibv_qp_attr attr;
-  memset(&attr, 0, sizeof(attr));
-  attr.qp_state = IBV_QPS_INIT;
-  attr.port_num = 1;
-  attr.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE;
-  if (ibv_modify_qp(s->qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
-    die("INIT %s", s->label);
-  memset(&attr, 0, sizeof(attr));
-  attr.qp_state = IBV_QPS_RTR;
-  attr.path_mtu = IBV_MTU_1024;
-  attr.dest_qp_num = peer->qp->qp_num;
-  attr.rq_psn = 0;
-  attr.max_dest_rd_atomic = 1;
-  attr.min_rnr_timer = 12;
-  attr.ah_attr.is_global = 1;
-  attr.ah_attr.grh.dgid = peer->gid;
-  attr.ah_attr.grh.sgid_index = gid_index;
-  attr.ah_attr.grh.hop_limit = 1;
-  attr.ah_attr.port_num = 1;
-  if (ibv_modify_qp(s->qp, &attr, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                      IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-    die("RTR %s", s->label);
-  memset(&attr, 0, sizeof(attr));
-  attr.qp_state = IBV_QPS_RTS;
-  attr.timeout = 14;
-  attr.retry_cnt = 7;
-  attr.rnr_retry = 7;
-  attr.sq_psn = 0;
-  attr.max_rd_atomic = 1;
-  if (ibv_modify_qp(s->qp, &attr, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-                                      IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
-    die("RTS %s", s->label);
+  const int step = vf_test_rc_connect(s->qp, peer->qp->qp_num, peer->gid, gid_index,
+                                      IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                                          IBV_ACCESS_LOCAL_WRITE);
+  if (step) die("%s of %s", step == 1 ? "INIT" : step == 2 ? "RTR" : "RTS", s->label);
   struct ibv_qp_attr q;
   struct ibv_qp_init_attr qi;
   if (ibv_query_qp(s->qp, &q, IBV_QP_STATE | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN, &qi))
