@@ -10,19 +10,14 @@ SCENARIO_SHIM=none
 SCENARIO_EXPECT=fail
 SCENARIO_TIMEOUT=150
 
+# shellcheck source=scripts/lab/scenarios/_nccl_pattern_ring.sh
+source "$LAB_DIR/scenarios/_nccl_pattern_ring.sh"
+
 scenario_run() {
-  local bin=$REPO_DIR/build/bin/nccl_pattern r state all_ok=1
-  [[ -x $bin ]] || lab_fail "nccl_pattern is not built: $bin"
-  local -a hosts=(A B A B)
+  local r state all_ok=1
+  start_nccl_ring 60 131072 20
   for r in 0 1 2 3; do
-    local next=$(((r + 1) % 4)) prev=$(((r + 3) % 4))
-    app "${hosts[r]}" "rank$r" -- stdbuf -oL "$bin" --rank "$r" --nranks 4 \
-      --listen $((LAB_PORT + 100 * r)) --next "$(ip_of "${hosts[next]}" mgmt):$((LAB_PORT + 100 * next))" \
-      --dev "rxe$((r / 2))" --prev-dev "rxe$((prev / 2))" --gid-index 1 --qps-per-conn 2 \
-      --iters 60 --bytes 131072 --chunk-bytes 16384 --ib-timeout 14 --timeout-s 20
-  done
-  for r in 0 1 2 3; do
-    wait_log "${hosts[r]}" "rank$r" 'traffic started' 60 || lab_fail "rank $r did not start its traffic"
+    wait_log "${NCCL_RING_HOSTS[r]}" "rank$r" 'traffic started' 60 || lab_fail "rank $r did not start its traffic"
   done
   after_seconds 3
   fault cable_cut A rail0
@@ -30,10 +25,10 @@ scenario_run() {
   # so a rank still running after 45 s is hung.
   wait_jobs 45 A:rank0 B:rank1 A:rank2 B:rank3
   for r in 0 1 2 3; do
-    state=$(job_rc "${hosts[r]}" "rank$r")
+    state=$(job_rc "${NCCL_RING_HOSTS[r]}" "rank$r")
     [[ -n $state ]] || state=hung
     [[ $state == 0 ]] || all_ok=0
-    kill_job "${hosts[r]}" "rank$r"
+    kill_job "${NCCL_RING_HOSTS[r]}" "rank$r"
     figure "r$r" "$state"
   done
   if ((all_ok)); then

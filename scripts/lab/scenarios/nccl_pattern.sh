@@ -10,22 +10,16 @@ SCENARIO_KIND=baseline
 SCENARIO_SHIM=both
 SCENARIO_TIMEOUT=120
 
+# shellcheck source=scripts/lab/scenarios/_nccl_pattern_ring.sh
+source "$LAB_DIR/scenarios/_nccl_pattern_ring.sh"
+
 scenario_run() {
-  local bin=$REPO_DIR/build/bin/nccl_pattern r rc=0 line
-  [[ -x $bin ]] || lab_fail "nccl_pattern is not built: $bin"
-  local -a hosts=(A B A B)
-  for r in 0 1 2 3; do
-    local next=$(((r + 1) % 4)) prev=$(((r + 3) % 4))
-    # Ranks start in any order: each listens first, then connects to the next (bounded retries).
-    app "${hosts[r]}" "rank$r" -- stdbuf -oL "$bin" --rank "$r" --nranks 4 \
-      --listen $((LAB_PORT + 100 * r)) --next "$(ip_of "${hosts[next]}" mgmt):$((LAB_PORT + 100 * next))" \
-      --dev "rxe$((r / 2))" --prev-dev "rxe$((prev / 2))" --gid-index 1 --qps-per-conn 2 \
-      --iters 8 --bytes 262144 --chunk-bytes 16384 --ib-timeout 14 --timeout-s 40
-  done
+  local r rc=0 line
+  start_nccl_ring 8 262144 40
   wait_jobs 90 A:rank0 B:rank1 A:rank2 B:rank3 || rc=1
   for r in 0 1 2 3; do
-    line=$(grep -m1 "^nccl_pattern: rank $r \(PASS\|FAIL\)" "$SCEN_DIR/${hosts[r]}/rank$r.log" || true)
-    [[ $line == *" PASS "* ]] || { note "rank $r: ${line:-no summary line (status $(job_rc "${hosts[r]}" "rank$r"))}"; rc=1; }
+    line=$(grep -m1 "^nccl_pattern: rank $r \(PASS\|FAIL\)" "$SCEN_DIR/${NCCL_RING_HOSTS[r]}/rank$r.log" || true)
+    [[ $line == *" PASS "* ]] || { note "rank $r: ${line:-no summary line (status $(job_rc "${NCCL_RING_HOSTS[r]}" "rank$r"))}"; rc=1; }
   done
   line=$(grep -m1 '^nccl_pattern: rank 0 PASS' "$SCEN_DIR/A/rank0.log" || true)
   if [[ -n $line ]]; then
