@@ -2,6 +2,7 @@
 // so unit tests can drive every branch without touching the process environment.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
@@ -17,6 +18,24 @@ struct Config {
   LogLevel log_level = LogLevel::kWarn;
   std::string log_file;              // empty: stderr; "%p" already expanded to the pid
   bool backtrace = false;            // VERBS_FAILOVER_BACKTRACE=1
+
+  // Failover (docs/design.md §5).
+  std::string pairs;                 // VERBS_FAILOVER_PAIRS, raw (parsed by device_pairs)
+  std::string stats_file;            // VERBS_FAILOVER_STATS, "%p" expanded; empty: no stats file
+  double stats_interval_s = 0;       // VERBS_FAILOVER_STATS_INTERVAL; 0: only at exit
+  // VERBS_FAILOVER_QP_TIMEOUT: the IB transport timeout exponent (4.096 us * 2^n) given to the
+  // primary physical QP when the application asks for a longer one.
+  std::uint8_t qp_timeout = kDefaultQpTimeout;
+  // VERBS_FAILOVER_CTRL_ADDRS="[port|first-last][@addr,addr...]": the control channel's TCP
+  // ports, and peer addresses to try when a GID holds no IPv4 address (InfiniBand).
+  std::uint16_t ctrl_port_first = kDefaultCtrlPortFirst;
+  std::uint16_t ctrl_port_last = kDefaultCtrlPortLast;
+  std::vector<std::string> ctrl_peer_addresses;  // dotted IPv4, validated
+  bool failback = true;              // VERBS_FAILOVER_FAILBACK=0 stays on the standby path
+
+  static constexpr std::uint8_t kDefaultQpTimeout = 14;        // 67 ms per try, ~0.5 s to RETRY_EXC
+  static constexpr std::uint16_t kDefaultCtrlPortFirst = 18515;
+  static constexpr std::uint16_t kDefaultCtrlPortLast = 18530;  // 16 processes per host
 };
 
 // One line per problem, each naming the variable and what it accepts; the caller prints them.

@@ -14,6 +14,10 @@ enum class MessageType : std::uint16_t {
   kMrUpdate = 3,
   kFailoverRequest = 4,
   kFailoverReply = 5,
+  kHello = 6,
+  kPairRefused = 7,
+  kRearm = 8,
+  kMrQuery = 9,
 };
 
 constexpr std::size_t kRegistrationSize = 8 + 8 + 4 + 4;
@@ -38,6 +42,13 @@ class Writer {
       u32(entry.primary_rkey);
       u32(entry.standby_rkey);
     }
+  }
+  void hello(const Hello& value) {
+    u64(value.process_token);
+    u32(value.pid);
+    u16(value.port);
+    u32(static_cast<std::uint32_t>(value.addresses.size()));
+    for (std::uint32_t address : value.addresses) u32(address);
   }
   void pair(const PairRequest& value) {
     key(value.local);
@@ -69,6 +80,9 @@ class Reader {
     return value;
   }
   std::uint8_t u8(const char* field) { return static_cast<std::uint8_t>(little_endian(1, field)); }
+  std::uint16_t u16(const char* field) {
+    return static_cast<std::uint16_t>(little_endian(2, field));
+  }
   std::uint32_t u32(const char* field) {
     return static_cast<std::uint32_t>(little_endian(4, field));
   }
@@ -83,6 +97,47 @@ class Reader {
     value.qpn = u32(field);
     value.gid = gid(field);
     if (ok() && value.qpn > 0xFFFFFF) fail(fmt::format("{}: QP number {:#x} exceeds 24 bits", field, value.qpn));
+    return value;
+  }
+  // A PathId byte: 0 (primary) or 1 (standby), nothing else.
+  std::uint8_t path(const char* field) {
+    const std::uint8_t value = u8(field);
+    if (ok() && value > static_cast<std::uint8_t>(PathId::kStandby)) {
+      fail(fmt::format("{} {} is not a path (0 primary, 1 standby)", field, value));
+    }
+    return value;
+  }
+  // A boolean byte: 0 or 1, nothing else.
+  bool flag(const char* field) {
+    const std::uint8_t value = u8(field);
+    if (ok() && value > 1) fail(fmt::format("{} {} is not a boolean (0 or 1)", field, value));
+    return value == 1;
+  }
+  std::uint32_t psn(const char* field) {
+    const std::uint32_t value = u32(field);
+    if (ok() && value > 0xFFFFFF) fail(fmt::format("{} {:#x} exceeds 24 bits", field, value));
+    return value;
+  }
+  std::uint32_t qpn(const char* field) {
+    const std::uint32_t value = u32(field);
+    if (ok() && value > 0xFFFFFF) fail(fmt::format("{} {:#x} exceeds 24 bits", field, value));
+    return value;
+  }
+  Hello hello() {
+    Hello value;
+    value.process_token = u64("process token");
+    value.pid = u32("pid");
+    value.port = u16("port");
+    const std::uint32_t count = u32("address count");
+    if (!ok()) return value;
+    if (count > kMaxAddresses || std::size_t{count} * 4 > remaining()) {
+      fail(fmt::format("address count {} does not fit the message ({} bytes left, at most {} "
+                       "addresses)",
+                       count, remaining(), kMaxAddresses));
+      return value;
+    }
+    value.addresses.resize(count);
+    for (std::uint32_t& address : value.addresses) address = u32("address");
     return value;
   }
   std::vector<MrTranslation> registrations() {
@@ -154,6 +209,10 @@ MessageType type_of(const ControlMessage& message) {
         if constexpr (std::is_same_v<T, MrUpdate>) return MessageType::kMrUpdate;
         if constexpr (std::is_same_v<T, FailoverRequest>) return MessageType::kFailoverRequest;
         if constexpr (std::is_same_v<T, FailoverReply>) return MessageType::kFailoverReply;
+        if constexpr (std::is_same_v<T, Hello>) return MessageType::kHello;
+        if constexpr (std::is_same_v<T, PairRefused>) return MessageType::kPairRefused;
+        if constexpr (std::is_same_v<T, Rearm>) return MessageType::kRearm;
+        if constexpr (std::is_same_v<T, MrQuery>) return MessageType::kMrQuery;
       },
       message);
 }
@@ -172,9 +231,12 @@ std::optional<ControlMessage> read_payload(MessageType type, Reader& reader) {
       value.remote = reader.key("remote QP");
       value.delivered_messages = reader.u64("delivered count");
       value.reason = reader.u32("reason");
-      if (reader.ok() && (value.reason < 1 || value.reason > 3)) {
+      if (reader.ok() && (value.reason < static_cast<std::uint32_t>(FailoverReason::kPortDown) ||
+                          value.reason > static_cast<std::uint32_t>(FailoverReason::kFailback))) {
         reader.fail(fmt::format("failover reason {} is unknown", value.reason));
       }
+      value.epoch = reader.u32("epoch");
+      value.target_path = reader.path("target path");
       return ControlMessage{value};
     }
     case MessageType::kFailoverReply: {
@@ -182,8 +244,36 @@ std::optional<ControlMessage> read_payload(MessageType type, Reader& reader) {
       value.local = reader.key("local QP");
       value.remote = reader.key("remote QP");
       value.delivered_messages = reader.u64("delivered count");
+      value.epoch = reader.u32("epoch");
+      value.target_path = reader.path("target path");
       return ControlMessage{value};
     }
+    case MessageType::kHello:
+      return ControlMessage{reader.hello()};
+    case MessageType::kPairRefused: {
+      PairRefused value;
+      value.local = reader.key("local QP");
+      value.remote = reader.key("remote QP");
+      value.reason = reader.u32("refusal reason");
+      if (reader.ok() && (value.reason < static_cast<std::uint32_t>(PairRefusal::kUnknownQp) ||
+                          value.reason > static_cast<std::uint32_t>(PairRefusal::kUnprotected))) {
+        reader.fail(fmt::format("refusal reason {} is unknown", value.reason));
+      }
+      return ControlMessage{value};
+    }
+    case MessageType::kRearm: {
+      Rearm value;
+      value.local = reader.key("local QP");
+      value.remote = reader.key("remote QP");
+      value.path = reader.path("path");
+      value.qpn = reader.qpn("rearm QP number");
+      value.gid = reader.gid("rearm GID");
+      value.psn = reader.psn("rearm PSN");
+      value.is_reply = reader.flag("reply flag");
+      return ControlMessage{value};
+    }
+    case MessageType::kMrQuery:
+      return ControlMessage{MrQuery{reader.u32("queried rkey")}};
   }
   return std::nullopt;
 }
@@ -211,10 +301,31 @@ void encode_control_message(const ControlMessage& message, std::vector<std::uint
           writer.key(value.remote);
           writer.u64(value.delivered_messages);
           writer.u32(value.reason);
-        } else {
+          writer.u32(value.epoch);
+          writer.u8(value.target_path);
+        } else if constexpr (std::is_same_v<T, FailoverReply>) {
           writer.key(value.local);
           writer.key(value.remote);
           writer.u64(value.delivered_messages);
+          writer.u32(value.epoch);
+          writer.u8(value.target_path);
+        } else if constexpr (std::is_same_v<T, Hello>) {
+          writer.hello(value);
+        } else if constexpr (std::is_same_v<T, PairRefused>) {
+          writer.key(value.local);
+          writer.key(value.remote);
+          writer.u32(value.reason);
+        } else if constexpr (std::is_same_v<T, Rearm>) {
+          writer.key(value.local);
+          writer.key(value.remote);
+          writer.u8(value.path);
+          writer.u32(value.qpn);
+          writer.gid(value.gid);
+          writer.u32(value.psn);
+          writer.u8(value.is_reply ? 1 : 0);
+        } else {
+          static_assert(std::is_same_v<T, MrQuery>);
+          writer.u32(value.primary_rkey);
         }
       },
       message);

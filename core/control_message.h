@@ -58,13 +58,38 @@ struct MrUpdate {
   bool operator==(const MrUpdate&) const = default;
 };
 
-// The failover handshake: each side tells how many receive-consuming messages it delivered from
-// the other on this pair, so each replays exactly what the other did not deliver.
+// Sent first by both ends of every connection: who this shim is and where it can be reached, so
+// the channel survives the loss of the rail it was first opened on.
+struct Hello {
+  std::uint64_t process_token = 0;          // random per process: tells sessions of one peer apart
+  std::uint32_t pid = 0;                    // for log lines only
+  std::uint16_t port = 0;                   // the sender's listening port
+  std::vector<std::uint32_t> addresses;     // IPv4, network byte order; management first
+  bool operator==(const Hello&) const = default;
+};
+
+// Answer to a PairRequest the receiver cannot take: the QP is not this process's, or it is but
+// has no standby (no backup device, creation failed). reason is a PairRefusal.
+struct PairRefused {
+  QpKey local;   // the refuser's view: the key it was asked about
+  QpKey remote;
+  std::uint32_t reason = 0;
+  bool operator==(const PairRefused&) const = default;
+};
+enum class PairRefusal : std::uint32_t { kUnknownQp = 1, kUnprotected = 2 };
+
+// The failover handshake (docs/design.md §5): after draining its old path, each side tells how
+// many receive-consuming messages it delivered from the other on this pair, so each replays
+// exactly what the other did not deliver. The side that starts a switch sends a request, the
+// other joins and answers with a reply; both carry the same facts. epoch numbers the switches of
+// one pair (a stale message is ignored); target_path says which path traffic moves to.
 struct FailoverRequest {
   QpKey local;
   QpKey remote;
   std::uint64_t delivered_messages = 0;
   std::uint32_t reason = 0;  // FailoverReason
+  std::uint32_t epoch = 0;
+  std::uint8_t target_path = 0;  // PathId
   bool operator==(const FailoverRequest&) const = default;
 };
 
@@ -72,19 +97,50 @@ struct FailoverReply {
   QpKey local;
   QpKey remote;
   std::uint64_t delivered_messages = 0;
+  std::uint32_t epoch = 0;
+  std::uint8_t target_path = 0;  // PathId
   bool operator==(const FailoverReply&) const = default;
 };
 
-enum class FailoverReason : std::uint32_t { kPortDown = 1, kErrorCompletion = 2, kPeerRequest = 3 };
+enum class FailoverReason : std::uint32_t {
+  kPortDown = 1,
+  kErrorCompletion = 2,
+  kPeerRequest = 3,
+  kFailback = 4,
+};
 
-using ControlMessage =
-    std::variant<PairRequest, PairReply, MrUpdate, FailoverRequest, FailoverReply>;
+// Which physical QP of a pair: the application's own (primary) or the shim's (standby).
+enum class PathId : std::uint8_t { kPrimary = 0, kStandby = 1 };
+
+// Re-connecting a path that failed once its port is ACTIVE again: both ends reset their physical
+// QP on that path and exchange fresh PSNs (qpn and gid are the physical QP's on that path).
+struct Rearm {
+  QpKey local;
+  QpKey remote;
+  std::uint8_t path = 0;  // PathId
+  std::uint32_t qpn = 0;
+  Gid gid{};
+  std::uint32_t psn = 0;
+  bool is_reply = false;
+  bool operator==(const Rearm&) const = default;
+};
+
+// "Send me the translation of this rkey of yours" — a registration the application used on the
+// standby path before the peer's MrUpdate arrived. Answered with an MrUpdate.
+struct MrQuery {
+  std::uint32_t primary_rkey = 0;
+  bool operator==(const MrQuery&) const = default;
+};
+
+using ControlMessage = std::variant<PairRequest, PairReply, MrUpdate, FailoverRequest, FailoverReply,
+                                    Hello, PairRefused, Rearm, MrQuery>;
 
 inline constexpr std::uint32_t kControlMagic = 0x4D434656;  // "VFCM" little-endian
-inline constexpr std::uint16_t kControlVersion = 1;
+inline constexpr std::uint16_t kControlVersion = 2;
 inline constexpr std::size_t kControlHeaderSize = 12;       // magic, version, type, length
 inline constexpr std::size_t kMaxControlPayload = 64 * 1024;
 inline constexpr std::size_t kMaxRegistrationsPerMessage = 2048;
+inline constexpr std::size_t kMaxAddresses = 64;  // per Hello
 static_assert(kMaxRegistrationsPerMessage * 24 + 256 <= kMaxControlPayload,
               "a full registration batch must fit one message");
 

@@ -7,6 +7,7 @@
 
 #include <infiniband/verbs.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -32,6 +33,23 @@ class ReceiveRing {
   // the ring did not expect: the caller logs it and treats the QP as unprotected).
   bool consume_oldest(std::uint64_t wr_id);
 
+  // The oldest pending receive (its position numbers it on a path that carries the position as
+  // wr_id), or nullptr.
+  const ReceiveRecord* oldest() const { return head_ == tail_ ? nullptr : &records_[slot_of(head_)]; }
+  std::uint64_t oldest_position() const { return head_; }
+  std::uint64_t next_position() const { return tail_; }
+  // Undoes the newest `count` records (the provider refused them).
+  void drop_newest(std::uint32_t count) {
+    while (count-- > 0 && tail_ > head_) --tail_;
+  }
+  // Visits pending receives with position >= from, oldest first (position, record, sges).
+  template <typename Visit>
+  void for_each_from(std::uint64_t from, Visit&& visit) const {
+    for (std::uint64_t position = std::max(from, head_); position < tail_; ++position) {
+      const std::uint32_t slot = slot_of(position);
+      visit(position, records_[slot], &sge_storage_[static_cast<std::size_t>(slot) * max_sge_]);
+    }
+  }
   std::uint64_t delivered_messages() const { return delivered_; }
   std::uint32_t pending() const { return static_cast<std::uint32_t>(tail_ - head_); }
 

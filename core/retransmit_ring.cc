@@ -25,7 +25,7 @@ RetransmitRing::RetransmitRing(std::uint32_t capacity, std::uint32_t max_sge,
       sge_storage_(static_cast<std::size_t>(capacity_) * max_sge_),
       inline_storage_(static_cast<std::size_t>(capacity_) * max_inline_) {}
 
-int RetransmitRing::record(const ibv_send_wr& wr) {
+int RetransmitRing::record(const ibv_send_wr& wr, bool signal_all) {
   if (outstanding() >= capacity_) return ENOMEM;
   const bool is_inline = (wr.send_flags & IBV_SEND_INLINE) != 0;
   if (wr.num_sge < 0 || static_cast<std::uint32_t>(wr.num_sge) > max_sge_) return EINVAL;
@@ -41,6 +41,7 @@ int RetransmitRing::record(const ibv_send_wr& wr) {
   entry.wr.sg_list = nullptr;
   entry.num_sge = static_cast<std::uint32_t>(wr.num_sge);
   entry.inline_length = 0;
+  entry.signaled = signal_all || (wr.send_flags & IBV_SEND_SIGNALED) != 0;
   ibv_sge* sge = &sge_storage_[static_cast<std::size_t>(slot) * max_sge_];
   std::copy_n(wr.sg_list, wr.num_sge, sge);
   if (is_inline) {
@@ -57,6 +58,47 @@ int RetransmitRing::record(const ibv_send_wr& wr) {
   ++next_sequence_;
   ++tail_;
   return 0;
+}
+
+void RetransmitRing::drop_newest(std::uint32_t count) {
+  while (count-- > 0 && tail_ > head_) {
+    --tail_;
+    --next_sequence_;
+    if (records_[slot_of(tail_)].consumes_receive()) --messages_posted_;
+  }
+}
+
+bool RetransmitRing::retire_next_signaled(std::uint64_t wr_id) {
+  for (std::uint64_t position = head_; position < tail_; ++position) {
+    const SendRecord& entry = records_[slot_of(position)];
+    if (!entry.signaled) continue;
+    if (entry.wr.wr_id != wr_id) return false;
+    head_ = position + 1;
+    return true;
+  }
+  return false;
+}
+
+bool RetransmitRing::retire_sequence(std::uint64_t sequence, SendRecord& out) {
+  for (std::uint64_t position = head_; position < tail_; ++position) {
+    const SendRecord& entry = records_[slot_of(position)];
+    if (entry.sequence < sequence) continue;
+    if (entry.sequence != sequence) return false;
+    out = entry;
+    head_ = position + 1;
+    return true;
+  }
+  return false;
+}
+
+void RetransmitRing::move_slot(std::uint32_t from, std::uint32_t to) {
+  records_[to] = records_[from];
+  std::copy_n(&sge_storage_[static_cast<std::size_t>(from) * max_sge_], max_sge_,
+              &sge_storage_[static_cast<std::size_t>(to) * max_sge_]);
+  if (max_inline_ > 0) {
+    std::copy_n(&inline_storage_[static_cast<std::size_t>(from) * max_inline_], max_inline_,
+                &inline_storage_[static_cast<std::size_t>(to) * max_inline_]);
+  }
 }
 
 void RetransmitRing::retire_through(std::uint64_t sequence) {

@@ -19,6 +19,7 @@ struct SendRecord {
   ibv_send_wr wr{};  // sg_list and next point nowhere; use sges()/inline_data()
   std::uint32_t num_sge = 0;
   std::uint32_t inline_length = 0;
+  bool signaled = false;  // a completion will report it (IBV_SEND_SIGNALED or sq_sig_all)
   bool consumes_receive() const;
   bool is_atomic() const;
 };
@@ -34,7 +35,36 @@ class RetransmitRing {
   // Copies one work request (its SGEs, and its payload when IBV_SEND_INLINE: the application may
   // reuse the buffer as soon as post_send returns). Returns 0, ENOMEM when the ring is full (the
   // send queue is), or EINVAL when the request exceeds the QP's SGE or inline limits.
-  int record(const ibv_send_wr& wr);
+  int record(const ibv_send_wr& wr, bool signal_all = false);
+  // Undoes the newest `count` records (the provider refused them: they were never posted).
+  void drop_newest(std::uint32_t count);
+  // A successful completion on a path that carries the application's own wr_id: RC completes in
+  // order, so it belongs to the oldest signaled request; it and everything before it retire.
+  // False when no signaled request is outstanding or its wr_id differs (the caller then treats
+  // the completion as not the ring's: an application error path, logged).
+  bool retire_next_signaled(std::uint64_t wr_id);
+  // A successful completion on a path that carries the ring's sequence as wr_id: copies the
+  // request out (for the application's wr_id and opcode) and retires it and everything earlier.
+  bool retire_sequence(std::uint64_t sequence, SendRecord& out);
+  // Keeps only the outstanding requests `keep` accepts, in order (after a failover: what was
+  // proven done leaves the ring). Sequences and message indexes are preserved.
+  template <typename Keep>
+  void compact(Keep&& keep);
+  // Visits outstanding requests with sequence >= `from`, oldest first; stops when visit is false.
+  template <typename Visit>
+  void for_each_from(std::uint64_t from, Visit&& visit) const {
+    for (std::uint64_t position = head_; position < tail_; ++position) {
+      const SendRecord& entry = records_[slot_of(position)];
+      if (entry.sequence >= from && !visit(entry)) return;
+    }
+  }
+  // Outstanding requests, oldest first.
+  template <typename Visit>
+  void for_each(Visit&& visit) const {
+    for (std::uint64_t position = head_; position < tail_; ++position) {
+      visit(records_[slot_of(position)]);
+    }
+  }
 
   // A successful completion of the request with this sequence: RC completes in order, so it and
   // every earlier request (unsignaled ones included) are done.
@@ -60,11 +90,13 @@ class RetransmitRing {
   std::uint32_t capacity() const { return capacity_; }
   std::uint64_t last_sequence() const { return next_sequence_ - 1; }
   std::uint64_t messages_posted() const { return messages_posted_; }
+  std::uint64_t next_sequence() const { return next_sequence_; }
 
  private:
   std::uint32_t slot_of(std::uint64_t position) const {
     return static_cast<std::uint32_t>(position % capacity_);
   }
+  void move_slot(std::uint32_t from, std::uint32_t to);
 
   std::uint32_t capacity_;
   std::uint32_t max_sge_;
@@ -77,5 +109,16 @@ class RetransmitRing {
   std::uint64_t next_sequence_ = 1;
   std::uint64_t messages_posted_ = 0;
 };
+
+template <typename Keep>
+void RetransmitRing::compact(Keep&& keep) {
+  std::uint64_t write = head_;
+  for (std::uint64_t read = head_; read < tail_; ++read) {
+    if (!keep(static_cast<const SendRecord&>(records_[slot_of(read)]))) continue;
+    if (write != read) move_slot(slot_of(read), slot_of(write));
+    ++write;
+  }
+  tail_ = write;
+}
 
 }  // namespace vf

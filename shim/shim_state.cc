@@ -9,7 +9,9 @@
 #include <mutex>
 
 #include "core/log.h"
+#include "core/failover_engine.h"
 #include "shim/crash_handler.h"
+#include "shim/failover_bridge.h"
 #include "shim/object_records.h"
 #include "shim/port_monitor.h"
 
@@ -76,6 +78,12 @@ void initialize_slow() {
   register_port_monitor_for_fork();
   pthread_atfork(fork_prepare, fork_parent, fork_child);
   if (g_config.backtrace) install_crash_handler();
+  if (g_config.enabled) {
+    configure_failover(g_config);
+    register_fork_participant({[] { FailoverEngine::instance().lock_for_fork(); },
+                               [] { FailoverEngine::instance().unlock_after_fork(); },
+                               [] { FailoverEngine::instance().forget_after_fork(); }});
+  }
   VF_LOG_DEBUG("initialised: hooks {}, log level {}, backtrace {}",
                g_config.enabled ? "active" : "disabled (VERBS_FAILOVER=0)",
                log_level_name(g_config.log_level), g_config.backtrace ? "on" : "off");

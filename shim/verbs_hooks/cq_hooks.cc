@@ -3,6 +3,7 @@
 
 #include <mutex>
 
+#include "core/failover_engine.h"
 #include "shim/export.h"
 #include "shim/object_records.h"
 #include "shim/real_verbs.h"
@@ -59,8 +60,12 @@ VF_EXPORT ibv_cq* ibv_create_cq(ibv_context* context, int cqe, void* cq_context,
                            describe_context(context), cqe, cq_context, fmt::ptr(channel),
                            comp_vector),
                    [&] {
-                     return real_verbs().ibv_create_cq(context, cqe, cq_context, channel,
-                                                       comp_vector);
+                     ibv_cq* cq = real_verbs().ibv_create_cq(context, cqe, cq_context, channel,
+                                                             comp_vector);
+                     if (cq != nullptr && vf::shim::shim_active()) {
+                       vf::FailoverEngine::instance().on_cq_created(cq, channel);
+                     }
+                     return cq;
                    });
 }
 
@@ -72,6 +77,7 @@ VF_EXPORT int ibv_resize_cq(ibv_cq* cq, int cqe) {
 VF_EXPORT int ibv_destroy_cq(ibv_cq* cq) {
   return intercept("ibv_destroy_cq", VF_ARGS("{}", describe_cq(cq)), [&] {
     if (!vf::shim::shim_active()) return real_verbs().ibv_destroy_cq(cq);
+    vf::FailoverEngine::instance().on_cq_destroy(cq);
     std::lock_guard lock(vf::shim::lifecycle_mutex());
     const int result = real_verbs().ibv_destroy_cq(cq);
     if (result == 0) vf::shim::forget_cq(cq);
@@ -82,6 +88,13 @@ VF_EXPORT int ibv_destroy_cq(ibv_cq* cq) {
 namespace vf::shim::ops {
 
 int poll_cq(ibv_cq* cq, int num_entries, ibv_wc* wc) {
+  if (CqState* state = FailoverEngine::instance().cq_state(cq)) {
+    if (__builtin_expect(!log_enabled(LogLevel::kTrace), 1)) return state->poll(num_entries, wc);
+    const std::uint64_t start = monotonic_ns();
+    const int polled = state->poll(num_entries, wc);
+    trace_poll("ibv_poll_cq", cq, num_entries, wc, polled, monotonic_ns() - start);
+    return polled;
+  }
   const ContextRecord* record = context_records().find(cq->context);
   if (__builtin_expect(record == nullptr, 0)) return -1;
   if (__builtin_expect(!log_enabled(LogLevel::kTrace), 1)) {
@@ -96,6 +109,7 @@ int poll_cq(ibv_cq* cq, int num_entries, ibv_wc* wc) {
 int req_notify_cq(ibv_cq* cq, int solicited_only) {
   const ContextRecord* record = context_records().find(cq->context);
   if (__builtin_expect(record == nullptr, 0)) return EINVAL;
+  FailoverEngine::instance().on_req_notify(cq, solicited_only);
   if (__builtin_expect(!log_enabled(LogLevel::kTrace), 1)) {
     return record->ops.req_notify_cq(cq, solicited_only);
   }

@@ -4,6 +4,7 @@
 
 #include <mutex>
 
+#include "core/failover_engine.h"
 #include "shim/export.h"
 #include "shim/object_records.h"
 #include "shim/port_monitor.h"
@@ -27,6 +28,7 @@ ibv_context* take_over_context(ibv_context* context) {
       vf::shim::manage_context(context);
     }
     vf::shim::watch_ports_of(context->device);
+    vf::FailoverEngine::instance().on_device_opened(context);
   }
   return context;
 }

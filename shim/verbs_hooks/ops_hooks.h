@@ -24,5 +24,12 @@ ibv_srq* create_srq_ex(ibv_context* context, ibv_srq_init_attr_ex* attr);
 // ibv_qp_ex and ibv_cq_ex function tables.
 void install_qp_ex_hooks(ibv_qp_ex* qpx, uint64_t send_ops_flags);
 void install_cq_ex_hooks(ibv_cq_ex* cq);
+// After the failover engine took an extended QP: its wr_* batches also go to the ring.
+void install_protected_wr_hooks(ibv_qp_ex* qpx);
+// The ibv_wr_* operations a protected QP may use (the ring replays these; others pass through).
+inline constexpr uint64_t kProtectedSendOps =
+    IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_WRITE |
+    IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ |
+    IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
 
 }  // namespace vf::shim::ops

@@ -1,6 +1,7 @@
 // Protection domains and memory registrations.
 #include <infiniband/verbs.h>
 
+#include "core/failover_engine.h"
 #include "shim/export.h"
 #include "shim/real_verbs.h"
 #include "shim/trace.h"
@@ -17,6 +18,17 @@ std::string describe_mr(const ibv_mr* mr) {
   if (mr == nullptr) return "mr=NULL";
   return fmt::format("mr={}(lkey={:#x} rkey={:#x})", fmt::ptr(mr), mr->lkey, mr->rkey);
 }
+// A registration the application got is mirrored on the backup device's shadow PD.
+ibv_mr* mirrored(ibv_mr* mr, void* addr, size_t length, uint64_t iova, unsigned int access,
+                 int dmabuf_fd = -1, uint64_t dmabuf_offset = 0) {
+  if (mr != nullptr && vf::shim::shim_active()) {
+    const int saved = errno;
+    vf::FailoverEngine::instance().on_mr_registered(mr, addr, length, iova, access, dmabuf_fd,
+                                                    dmabuf_offset);
+    errno = saved;
+  }
+  return mr;
+}
 }  // namespace
 
 VF_EXPORT ibv_pd* ibv_alloc_pd(ibv_context* context) {
@@ -26,14 +38,23 @@ VF_EXPORT ibv_pd* ibv_alloc_pd(ibv_context* context) {
 
 VF_EXPORT int ibv_dealloc_pd(ibv_pd* pd) {
   return intercept("ibv_dealloc_pd", VF_ARGS("pd={}", fmt::ptr(pd)),
-                   [&] { return real_verbs().ibv_dealloc_pd(pd); });
+                   [&] {
+                     const int result = real_verbs().ibv_dealloc_pd(pd);
+                     if (result == 0 && vf::shim::shim_active()) {
+                       vf::FailoverEngine::instance().on_pd_destroy(pd);
+                     }
+                     return result;
+                   });
 }
 
 VF_EXPORT ibv_mr* ibv_reg_mr(ibv_pd* pd, void* addr, size_t length, int access) {
   return intercept(
       "ibv_reg_mr",
       VF_ARGS("pd={} addr={} len={} access={:#x}", fmt::ptr(pd), addr, length, access),
-      [&] { return real_verbs().ibv_reg_mr(pd, addr, length, access); });
+      [&] {
+        return mirrored(real_verbs().ibv_reg_mr(pd, addr, length, access), addr, length,
+                        reinterpret_cast<std::uintptr_t>(addr), static_cast<unsigned>(access));
+      });
 }
 
 VF_EXPORT ibv_mr* ibv_reg_mr_iova(ibv_pd* pd, void* addr, size_t length, uint64_t iova,
@@ -44,7 +65,10 @@ VF_EXPORT ibv_mr* ibv_reg_mr_iova(ibv_pd* pd, void* addr, size_t length, uint64_
   return intercept("ibv_reg_mr_iova",
                    VF_ARGS("pd={} addr={} len={} iova={:#x} access={:#x}", fmt::ptr(pd), addr,
                            length, iova, access),
-                   [&] { return real_verbs().ibv_reg_mr_iova(pd, addr, length, iova, access); });
+                   [&] {
+                     return mirrored(real_verbs().ibv_reg_mr_iova(pd, addr, length, iova, access),
+                                     addr, length, iova, static_cast<unsigned>(access));
+                   });
 }
 
 VF_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64_t iova,
@@ -60,7 +84,10 @@ VF_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64
   return intercept("ibv_reg_mr_iova2",
                    VF_ARGS("pd={} addr={} len={} iova={:#x} access={:#x}", fmt::ptr(pd), addr,
                            length, iova, access),
-                   [&] { return real_verbs().ibv_reg_mr_iova2(pd, addr, length, iova, access); });
+                   [&] {
+                     return mirrored(real_verbs().ibv_reg_mr_iova2(pd, addr, length, iova, access),
+                                     addr, length, iova, access);
+                   });
 }
 
 VF_EXPORT ibv_mr* ibv_reg_dmabuf_mr(ibv_pd* pd, uint64_t offset, size_t length, uint64_t iova,
@@ -72,7 +99,10 @@ VF_EXPORT ibv_mr* ibv_reg_dmabuf_mr(ibv_pd* pd, uint64_t offset, size_t length, 
       "ibv_reg_dmabuf_mr",
       VF_ARGS("pd={} offset={:#x} len={} iova={:#x} fd={} access={:#x}", fmt::ptr(pd), offset,
               length, iova, fd, access),
-      [&] { return real_verbs().ibv_reg_dmabuf_mr(pd, offset, length, iova, fd, access); });
+      [&] {
+        return mirrored(real_verbs().ibv_reg_dmabuf_mr(pd, offset, length, iova, fd, access),
+                        nullptr, length, iova, static_cast<unsigned>(access), fd, offset);
+      });
 }
 
 VF_EXPORT int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, size_t length,
@@ -85,7 +115,10 @@ VF_EXPORT int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, size_t
 
 VF_EXPORT int ibv_dereg_mr(ibv_mr* mr) {
   return intercept("ibv_dereg_mr", VF_ARGS("{}", describe_mr(mr)),
-                   [&] { return real_verbs().ibv_dereg_mr(mr); });
+                   [&] {
+                     if (vf::shim::shim_active()) vf::FailoverEngine::instance().on_mr_deregister(mr);
+                     return real_verbs().ibv_dereg_mr(mr);
+                   });
 }
 
 VF_EXPORT ibv_pd* ibv_import_pd(ibv_context* context, uint32_t pd_handle) {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "core/failover_engine.h"
 #include "shim/object_records.h"
 #include "shim/trace.h"
 #include "shim/verbs_hooks/ops_hooks.h"
@@ -56,6 +57,144 @@ struct WrHook<R (*ibv_qp_ex::*)(ibv_qp_ex*, Args...)> {
 #define VF_INSTALL_WR_HOOK(qpx, field) \
   WrHook<decltype(&ibv_qp_ex::field)>::install<"ibv_" #field, &ibv_qp_ex::field>(qpx)
 
+// A protected QP's batch is also staged in its VirtualQp (so it lands in the retransmit ring);
+// on the standby path it is only staged, and posted from the ring by wr_complete.
+#define VF_TRACE_WR(name)                                                                \
+  if (__builtin_expect(log_enabled(LogLevel::kTrace), 0)) {                              \
+    log(LogLevel::kTrace, "ibv_" name "({} wr_id={:#x} wr_flags={:#x}) [protected]",     \
+        describe_qp(&qpx->qp_base), qpx->wr_id, qpx->wr_flags);                          \
+  }
+
+VirtualQp* virtual_qp_of(ibv_qp_ex* qpx) {
+  return FailoverEngine::instance().virtual_qp(&qpx->qp_base);
+}
+
+void protected_wr_start(ibv_qp_ex* qpx) {
+  VF_TRACE_WR("wr_start");
+  const QpExRecord* record = qp_ex_records().find(qpx);
+  VirtualQp* v = virtual_qp_of(qpx);
+  if (record == nullptr) return;
+  if (v == nullptr) return record->original.wr_start(qpx);
+  v->wr_start();
+  if (v->wr_direct()) record->original.wr_start(qpx);
+}
+
+int protected_wr_complete(ibv_qp_ex* qpx) {
+  VF_TRACE_WR("wr_complete");
+  const QpExRecord* record = qp_ex_records().find(qpx);
+  VirtualQp* v = virtual_qp_of(qpx);
+  if (record == nullptr) return EINVAL;
+  if (v == nullptr) return record->original.wr_complete(qpx);
+  if (!v->wr_direct()) return v->wr_complete_routed();
+  if (const int error = v->wr_record_batch(); error != 0) {
+    record->original.wr_abort(qpx);
+    v->wr_abort();
+    return error;
+  }
+  const int result = record->original.wr_complete(qpx);
+  v->wr_finish(result);
+  return result;
+}
+
+void protected_wr_abort(ibv_qp_ex* qpx) {
+  VF_TRACE_WR("wr_abort");
+  const QpExRecord* record = qp_ex_records().find(qpx);
+  VirtualQp* v = virtual_qp_of(qpx);
+  if (record == nullptr) return;
+  if (v == nullptr) return record->original.wr_abort(qpx);
+  if (v->wr_direct()) record->original.wr_abort(qpx);
+  v->wr_abort();
+}
+
+// One opcode setter: stage (opcode, the caller's wr_id and flags, fill) then, in direct mode,
+// the provider's own setter.
+#define VF_PROTECTED_OPCODE(name, opcode, params, args, fill)                           \
+  void protected_##name params {                                                        \
+    VF_TRACE_WR(#name);                                                                 \
+    const QpExRecord* record = qp_ex_records().find(qpx);                               \
+    if (record == nullptr) return;                                                      \
+    VirtualQp* v = virtual_qp_of(qpx);                                                  \
+    if (v != nullptr) {                                                                 \
+      if (ibv_send_wr* wr = v->wr_stage(opcode, qpx->wr_id, qpx->wr_flags)) { fill; }   \
+      if (!v->wr_direct()) return;                                                      \
+    }                                                                                   \
+    record->original.name args;                                                         \
+  }
+
+VF_PROTECTED_OPCODE(wr_send, IBV_WR_SEND, (ibv_qp_ex * qpx), (qpx), (void)wr)
+VF_PROTECTED_OPCODE(wr_send_imm, IBV_WR_SEND_WITH_IMM, (ibv_qp_ex * qpx, __be32 imm),
+                    (qpx, imm), wr->imm_data = imm)
+VF_PROTECTED_OPCODE(wr_rdma_write, IBV_WR_RDMA_WRITE,
+                    (ibv_qp_ex * qpx, uint32_t rkey, uint64_t addr), (qpx, rkey, addr),
+                    (wr->wr.rdma.rkey = rkey, wr->wr.rdma.remote_addr = addr))
+VF_PROTECTED_OPCODE(wr_rdma_write_imm, IBV_WR_RDMA_WRITE_WITH_IMM,
+                    (ibv_qp_ex * qpx, uint32_t rkey, uint64_t addr, __be32 imm),
+                    (qpx, rkey, addr, imm),
+                    (wr->wr.rdma.rkey = rkey, wr->wr.rdma.remote_addr = addr, wr->imm_data = imm))
+VF_PROTECTED_OPCODE(wr_rdma_read, IBV_WR_RDMA_READ,
+                    (ibv_qp_ex * qpx, uint32_t rkey, uint64_t addr), (qpx, rkey, addr),
+                    (wr->wr.rdma.rkey = rkey, wr->wr.rdma.remote_addr = addr))
+VF_PROTECTED_OPCODE(wr_atomic_cmp_swp, IBV_WR_ATOMIC_CMP_AND_SWP,
+                    (ibv_qp_ex * qpx, uint32_t rkey, uint64_t addr, uint64_t compare,
+                     uint64_t swap),
+                    (qpx, rkey, addr, compare, swap),
+                    (wr->wr.atomic.rkey = rkey, wr->wr.atomic.remote_addr = addr,
+                     wr->wr.atomic.compare_add = compare, wr->wr.atomic.swap = swap))
+VF_PROTECTED_OPCODE(wr_atomic_fetch_add, IBV_WR_ATOMIC_FETCH_AND_ADD,
+                    (ibv_qp_ex * qpx, uint32_t rkey, uint64_t addr, uint64_t add),
+                    (qpx, rkey, addr, add),
+                    (wr->wr.atomic.rkey = rkey, wr->wr.atomic.remote_addr = addr,
+                     wr->wr.atomic.compare_add = add))
+
+void protected_wr_set_sge(ibv_qp_ex* qpx, uint32_t lkey, uint64_t addr, uint32_t length) {
+  VF_TRACE_WR("wr_set_sge");
+  const QpExRecord* record = qp_ex_records().find(qpx);
+  if (record == nullptr) return;
+  if (VirtualQp* v = virtual_qp_of(qpx)) {
+    const ibv_sge sge{addr, length, lkey};
+    v->wr_stage_sges(1, &sge);
+    if (!v->wr_direct()) return;
+  }
+  record->original.wr_set_sge(qpx, lkey, addr, length);
+}
+
+void protected_wr_set_sge_list(ibv_qp_ex* qpx, size_t count, const ibv_sge* sges) {
+  VF_TRACE_WR("wr_set_sge_list");
+  const QpExRecord* record = qp_ex_records().find(qpx);
+  if (record == nullptr) return;
+  if (VirtualQp* v = virtual_qp_of(qpx)) {
+    v->wr_stage_sges(count, sges);
+    if (!v->wr_direct()) return;
+  }
+  record->original.wr_set_sge_list(qpx, count, sges);
+}
+
+void protected_wr_set_inline_data(ibv_qp_ex* qpx, void* addr, size_t length) {
+  VF_TRACE_WR("wr_set_inline_data");
+  const QpExRecord* record = qp_ex_records().find(qpx);
+  if (record == nullptr) return;
+  if (VirtualQp* v = virtual_qp_of(qpx)) {
+    const ibv_data_buf buf{addr, length};
+    v->wr_stage_inline(1, &buf);
+    if (!v->wr_direct()) return;
+  }
+  record->original.wr_set_inline_data(qpx, addr, length);
+}
+
+void protected_wr_set_inline_data_list(ibv_qp_ex* qpx, size_t count, const ibv_data_buf* bufs) {
+  VF_TRACE_WR("wr_set_inline_data_list");
+  const QpExRecord* record = qp_ex_records().find(qpx);
+  if (record == nullptr) return;
+  if (VirtualQp* v = virtual_qp_of(qpx)) {
+    v->wr_stage_inline(count, bufs);
+    if (!v->wr_direct()) return;
+  }
+  record->original.wr_set_inline_data_list(qpx, count, bufs);
+}
+
+#define VF_INSTALL_PROTECTED(qpx, field) \
+  if (qpx->field != nullptr) qpx->field = protected_##field
+
 }  // namespace
 
 void install_qp_ex_hooks(ibv_qp_ex* qpx, uint64_t send_ops_flags) {
@@ -82,6 +221,28 @@ void install_qp_ex_hooks(ibv_qp_ex* qpx, uint64_t send_ops_flags) {
   VF_INSTALL_WR_HOOK(qpx, wr_set_inline_data_list);
   VF_INSTALL_WR_HOOK(qpx, wr_set_ud_addr);
   VF_INSTALL_WR_HOOK(qpx, wr_set_xrc_srqn);
+}
+
+// Called once the failover engine has taken the QP (its VirtualQp exists): the batch functions
+// it understands stage into the ring; the others keep their tracing hooks (a protected QP that
+// uses them is unprotected: see on_unsupported_wr).
+void install_protected_wr_hooks(ibv_qp_ex* qpx) {
+  if (FailoverEngine::instance().virtual_qp(&qpx->qp_base) == nullptr) return;
+  if (qp_ex_records().find(qpx) == nullptr) return;  // not patched: nothing to call through
+  VF_INSTALL_PROTECTED(qpx, wr_start);
+  VF_INSTALL_PROTECTED(qpx, wr_complete);
+  VF_INSTALL_PROTECTED(qpx, wr_abort);
+  VF_INSTALL_PROTECTED(qpx, wr_send);
+  VF_INSTALL_PROTECTED(qpx, wr_send_imm);
+  VF_INSTALL_PROTECTED(qpx, wr_rdma_write);
+  VF_INSTALL_PROTECTED(qpx, wr_rdma_write_imm);
+  VF_INSTALL_PROTECTED(qpx, wr_rdma_read);
+  VF_INSTALL_PROTECTED(qpx, wr_atomic_cmp_swp);
+  VF_INSTALL_PROTECTED(qpx, wr_atomic_fetch_add);
+  VF_INSTALL_PROTECTED(qpx, wr_set_sge);
+  VF_INSTALL_PROTECTED(qpx, wr_set_sge_list);
+  VF_INSTALL_PROTECTED(qpx, wr_set_inline_data);
+  VF_INSTALL_PROTECTED(qpx, wr_set_inline_data_list);
 }
 
 }  // namespace vf::shim::ops

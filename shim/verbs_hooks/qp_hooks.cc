@@ -3,6 +3,7 @@
 
 #include <mutex>
 
+#include "core/failover_engine.h"
 #include "shim/export.h"
 #include "shim/object_records.h"
 #include "shim/real_verbs.h"
@@ -51,22 +52,48 @@ VF_EXPORT ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
   // many providers (bnxt_re, irdma, siw...) allocate a bare ibv_qp, so it is never looked at as
   // an ibv_qp_ex.
   return intercept("ibv_create_qp", VF_ARGS("pd={} {}", fmt::ptr(pd), describe_init_attr(attr)),
-                   [&] { return real_verbs().ibv_create_qp(pd, attr); });
+                   [&] {
+                     ibv_qp* qp = real_verbs().ibv_create_qp(pd, attr);
+                     if (qp != nullptr && vf::shim::shim_active()) {
+                       ibv_qp_init_attr_ex ex{};
+                       ex.qp_context = attr->qp_context;
+                       ex.send_cq = attr->send_cq;
+                       ex.recv_cq = attr->recv_cq;
+                       ex.srq = attr->srq;
+                       ex.cap = attr->cap;
+                       ex.qp_type = attr->qp_type;
+                       ex.sq_sig_all = attr->sq_sig_all;
+                       ex.pd = pd;
+                       vf::FailoverEngine::instance().on_qp_created(qp, ex);
+                     }
+                     return qp;
+                   });
 }
 
 VF_EXPORT int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
   return intercept("ibv_modify_qp", VF_ARGS("{} {}", describe_qp(qp), describe_modify(attr, mask)),
-                   [&] { return real_verbs().ibv_modify_qp(qp, attr, mask); });
+                   [&] {
+                     if (!vf::shim::shim_active()) return real_verbs().ibv_modify_qp(qp, attr, mask);
+                     return vf::FailoverEngine::instance().modify_qp(qp, attr, mask,
+                                                                     real_verbs().ibv_modify_qp);
+                   });
 }
 
 VF_EXPORT int ibv_query_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask, ibv_qp_init_attr* init_attr) {
   return intercept("ibv_query_qp", VF_ARGS("{} mask={:#x}", describe_qp(qp), mask),
-                   [&] { return real_verbs().ibv_query_qp(qp, attr, mask, init_attr); });
+                   [&] {
+                     const int result = real_verbs().ibv_query_qp(qp, attr, mask, init_attr);
+                     if (result == 0 && vf::shim::shim_active()) {
+                       vf::FailoverEngine::instance().on_qp_queried(qp, attr, mask);
+                     }
+                     return result;
+                   });
 }
 
 VF_EXPORT int ibv_destroy_qp(ibv_qp* qp) {
   return intercept("ibv_destroy_qp", VF_ARGS("{}", describe_qp(qp)), [&] {
     if (!vf::shim::shim_active()) return real_verbs().ibv_destroy_qp(qp);
+    vf::FailoverEngine::instance().on_qp_destroy(qp);
     std::lock_guard lock(vf::shim::lifecycle_mutex());
     const int result = real_verbs().ibv_destroy_qp(qp);
     if (result == 0) vf::shim::forget_qp_ex(qp);
@@ -116,6 +143,11 @@ VF_EXPORT int ibv_detach_mcast(ibv_qp* qp, const ibv_gid* gid, uint16_t lid) {
 namespace vf::shim::ops {
 
 int post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
+  if (VirtualQp* virtual_qp = FailoverEngine::instance().virtual_qp(qp)) {
+    if (__builtin_expect(!log_enabled(LogLevel::kTrace), 1)) return virtual_qp->post_send(wr, bad_wr);
+    return intercept("ibv_post_send", VF_ARGS("{} {}", describe_qp(qp), describe_send_wr_chain(wr)),
+                     [&] { return virtual_qp->post_send(wr, bad_wr); });
+  }
   const ContextRecord* record = context_records().find(qp->context);
   if (__builtin_expect(record == nullptr, 0)) {
     *bad_wr = wr;
@@ -129,6 +161,11 @@ int post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
 }
 
 int post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
+  if (VirtualQp* virtual_qp = FailoverEngine::instance().virtual_qp(qp)) {
+    if (__builtin_expect(!log_enabled(LogLevel::kTrace), 1)) return virtual_qp->post_recv(wr, bad_wr);
+    return intercept("ibv_post_recv", VF_ARGS("{} {}", describe_qp(qp), describe_recv_wr_chain(wr)),
+                     [&] { return virtual_qp->post_recv(wr, bad_wr); });
+  }
   const ContextRecord* record = context_records().find(qp->context);
   if (__builtin_expect(record == nullptr, 0)) {
     *bad_wr = wr;
@@ -157,6 +194,17 @@ ibv_qp* create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr) {
         ibv_qp* qp = record->create_qp_ex(context, attr);
         if (qp != nullptr && (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)) {
           manage_qp_ex(qp, attr->send_ops_flags);
+        }
+        const bool send_ops = (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) != 0;
+        if (qp != nullptr && shim_active() && (attr->comp_mask & IBV_QP_INIT_ATTR_PD)) {
+          if (send_ops && (attr->send_ops_flags & ~kProtectedSendOps) != 0) {
+            VF_LOG_WARN("qp {}: unprotected — it asked for ibv_wr_* operations the shim does "
+                        "not replay (send_ops_flags {:#x}; replayed: send, write, read, atomics)",
+                        qp->qp_num, attr->send_ops_flags);
+          } else {
+            FailoverEngine::instance().on_qp_created(qp, *attr);
+            if (send_ops) install_protected_wr_hooks(reinterpret_cast<ibv_qp_ex*>(qp));
+          }
         }
         return qp;
       });

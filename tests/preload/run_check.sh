@@ -180,16 +180,31 @@ case "$case_name" in
     done
     ;;
   port_monitor_fake)
-    # The shim's own port watch: a fake port down/up is seen by its monitor thread, and the
-    # application still receives its own PORT_ERR/PORT_ACTIVE events.
+    # The shim's own port watch: a fake port down/up is seen by its monitor thread. fake0 has
+    # no backup here (the pairs leave it out), so it is unprotected and the application still
+    # receives its own PORT_ERR/PORT_ACTIVE events.
     : "${VF_FAKE_LIB_DIR:?}"
     run env LD_LIBRARY_PATH="$VF_FAKE_LIB_DIR" LD_PRELOAD="$VF_SHIM" VERBS_FAILOVER_LOG=info \
+      VERBS_FAILOVER_PAIRS=fake2:fake3,fake3:fake2 \
       "VERBS_FAILOVER_LOG_FILE=$log" "$VF_BIN/vf_port_monitor_program" >"$out" 2>&1 ||
       fail "port monitor program failed"
     expect_in "$out" "^WATCHED changes=0$"
     expect_in "$out" "^MONITOR down_seen=1 up_seen=1 app_down=1 app_up=1$"
     expect_in "$log" "info: port fake0/1 is DOWN \(was ACTIVE; "
     expect_in "$log" "info: port fake0/1 is ACTIVE \(was DOWN; "
+    expect_in "$log" "warn: failover: fake0/1 has no usable backup port"
+    ;;
+  port_events_hidden_fake)
+    # A protected port (fake0 backed up by fake1): its PORT_ERR/PORT_ACTIVE never reach the
+    # application; the shim says so in its log.
+    : "${VF_FAKE_LIB_DIR:?}"
+    run env LD_LIBRARY_PATH="$VF_FAKE_LIB_DIR" LD_PRELOAD="$VF_SHIM" VERBS_FAILOVER_LOG=info \
+      EXPECT_APP_EVENTS=0 "VERBS_FAILOVER_LOG_FILE=$log" "$VF_BIN/vf_port_monitor_program" \
+      >"$out" 2>&1 || fail "port monitor program failed"
+    expect_in "$out" "^MONITOR down_seen=1 up_seen=1 app_down=0 app_up=0$"
+    expect_in "$log" "info: failover: fake0/1 is backed up by fake1/1"
+    expect_in "$log" "info: failover: hid port error of fake0/1 from the application"
+    expect_in "$log" "info: failover: hid port active of fake0/1 from the application"
     ;;
   *)
     echo "unknown case $case_name"; exit 2 ;;

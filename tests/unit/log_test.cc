@@ -26,7 +26,7 @@ std::string temp_path() {
 }
 }  // namespace
 
-TEST_CASE("lines below the level are not written; lines at or above are, whole") {
+TEST_CASE("lines below the level are not written, lines at or above are, whole") {
   const std::string path = temp_path();
   REQUIRE(vf::log_configure(vf::LogLevel::kInfo, path).empty());
   VF_LOG_DEBUG("hidden {}", 1);

@@ -26,7 +26,7 @@ TEST_CASE("find returns what insert registered, nothing for unknown keys") {
   CHECK(registry.size() == 2);
 }
 
-TEST_CASE("a key cannot be registered twice; null keys and records are refused") {
+TEST_CASE("a key cannot be registered twice, null keys and records are refused") {
   SmallRegistry registry;
   int a = 0;
   Record r1{1}, r2{2};
@@ -38,7 +38,7 @@ TEST_CASE("a key cannot be registered twice; null keys and records are refused")
   CHECK_FALSE(registry.insert(&b, nullptr));
 }
 
-TEST_CASE("erase hands back the record; the key can be registered again") {
+TEST_CASE("erase hands back the record, the key can be registered again") {
   SmallRegistry registry;
   int a = 0;
   Record r1{1}, r2{2};
@@ -50,7 +50,7 @@ TEST_CASE("erase hands back the record; the key can be registered again") {
   CHECK(registry.find(&a) == &r2);
 }
 
-TEST_CASE("a full registry refuses inserts; erased slots are reused") {
+TEST_CASE("a full registry refuses inserts, erased slots are reused") {
   SmallRegistry registry;
   std::vector<int> keys(SmallRegistry::capacity() + 1);
   std::vector<Record> records(keys.size());
@@ -82,7 +82,7 @@ TEST_CASE("many create/destroy cycles of distinct addresses never exhaust the ta
   CHECK(registry.occupied_slots() == 0);  // no tombstones left behind to slow down misses
 }
 
-TEST_CASE("erasing leaves live keys of the same probe chain findable; dead ends are cleaned") {
+TEST_CASE("erasing leaves live keys of the same probe chain findable, dead ends are cleaned") {
   SmallRegistry registry;
   std::vector<int> keys(12);
   std::vector<Record> records(keys.size());

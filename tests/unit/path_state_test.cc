@@ -59,7 +59,7 @@ TEST_CASE("both paths lost during or after a failover: dead, the application see
   CHECK(vf::posts_flow(PathState::kDead));  // posts reach the hardware and fail as they would
 }
 
-TEST_CASE("a flap during failback keeps traffic on the standby; a standby loss then fails over") {
+TEST_CASE("a flap during failback keeps traffic on the standby, a standby loss then fails over") {
   CHECK(run(PathState::kFailingBack, {PathEvent::kPrimaryFailed}) == PathState::kStandby);
   CHECK(run(PathState::kFailingBack, {PathEvent::kStandbyFailed}) == PathState::kDraining);
 }

@@ -30,7 +30,7 @@ TEST_CASE("receives are consumed in posting order and counted as delivered messa
   CHECK(pending_ids(ring) == std::vector<std::uint64_t>{3});
 }
 
-TEST_CASE("zero-SGE receives (NCCL's) are kept; SGEs are kept for re-posting") {
+TEST_CASE("zero-SGE receives (NCCL's) are kept, SGEs are kept for re-posting") {
   vf::ReceiveRing ring(4, 1);
   REQUIRE(post(ring, 10, 0) == 0);
   REQUIRE(post(ring, 11, 1) == 0);

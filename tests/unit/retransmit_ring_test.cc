@@ -34,7 +34,7 @@ using Ids = std::vector<std::uint64_t>;
 
 }  // namespace
 
-TEST_CASE("records keep posting order; a signaled completion retires everything up to it") {
+TEST_CASE("records keep posting order, a signaled completion retires everything up to it") {
   vf::RetransmitRing ring(8, 1, 64);
   Poster p{ring};
   for (std::uint64_t i = 1; i <= 4; ++i) REQUIRE(p.post(i, IBV_WR_RDMA_WRITE) == 0);
@@ -45,7 +45,7 @@ TEST_CASE("records keep posting order; a signaled completion retires everything 
   CHECK(ring.outstanding() == 0);
 }
 
-TEST_CASE("a full ring refuses like a full send queue; retiring makes room") {
+TEST_CASE("a full ring refuses like a full send queue, retiring makes room") {
   vf::RetransmitRing ring(4, 1, 0);
   Poster p{ring};
   for (std::uint64_t i = 1; i <= 4; ++i) REQUIRE(p.post(i, IBV_WR_SEND) == 0);
@@ -126,7 +126,7 @@ TEST_CASE("replay after a cut: exactly the messages the peer did not deliver, an
   CHECK(unrecoverable.empty());
 }
 
-TEST_CASE("reads are always replayed; atomics are never replayed but reported") {
+TEST_CASE("reads are always replayed, atomics are never replayed but reported") {
   vf::RetransmitRing ring(16, 1, 0);
   Poster p{ring};
   p.post(1, IBV_WR_RDMA_READ, IBV_SEND_SIGNALED);

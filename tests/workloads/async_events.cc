@@ -1,5 +1,6 @@
 #include "async_events.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <unistd.h>
 
@@ -35,9 +36,13 @@ AsyncEventThread::~AsyncEventThread() {
 
 void AsyncEventThread::run() {
   const VerbsApi& api = verbs();
+  // NCCL's async thread blocks in ibv_get_async_event and is never joined; this one must stop,
+  // so it polls with a timeout and reads with a non-blocking fd (as UCX does): an event that is
+  // consumed by someone else between poll() and the read (a failover shim hides the events of
+  // protected ports) then reads as EAGAIN instead of blocking the thread forever.
+  const int flags = ::fcntl(context_->async_fd, F_GETFL);
+  ::fcntl(context_->async_fd, F_SETFL, flags | O_NONBLOCK);
   while (!stop_.load()) {
-    // poll() first so that the thread can be stopped; ibv_get_async_event then does not block,
-    // since this thread is the context's only reader.
     pollfd p{context_->async_fd, POLLIN, 0};
     if (::poll(&p, 1, 100) <= 0) continue;
     ibv_async_event event{};

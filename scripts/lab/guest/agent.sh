@@ -17,7 +17,8 @@ start_job() {
   id=$(basename "$f" .sh)
   mv "$f" "$ctl/run/$id.sh" || return
   (
-    setsid /bin/bash "$ctl/run/$id.sh" </dev/null >>"$ctl/run/$id.agent.log" 2>&1 &
+    # The agent itself is real-time (init.sh); its jobs run with the normal policy.
+    chrt -o 0 setsid /bin/bash "$ctl/run/$id.sh" </dev/null >>"$ctl/run/$id.agent.log" 2>&1 &
     pid=$!
     echo "$pid" >"$ctl/run/$id.pid.tmp" && mv "$ctl/run/$id.pid.tmp" "$ctl/run/$id.pid"
     wait "$pid"

@@ -28,11 +28,13 @@ _start() {
   [[ -z ${SCEN_JOB[$h:$name]:-} ]] || lab_fail "job $h:$name started twice"
   local envs=()
   if [[ $kind == app && $SCEN_VARIANT == shim ]]; then
-    envs+=("LD_PRELOAD=$VF_SHIM" "VERBS_FAILOVER_LOG_FILE=$SCEN_DIR/$h/$name.vf.%p.log")
+    # The shim's statistics are written at exit where the host reads them (failover_stats.py).
+    envs+=("LD_PRELOAD=$VF_SHIM" "VERBS_FAILOVER_LOG_FILE=$SCEN_DIR/$h/$name.vf.%p.log"
+      "VERBS_FAILOVER_STATS=$SCEN_DIR/$h/stats.$h.$name.%p.json")
     # The caller's VERBS_FAILOVER_* settings (log level, backtraces...) reach the application.
     local v
     while read -r v; do
-      [[ $v == VERBS_FAILOVER_LOG_FILE ]] || envs+=("$v=${!v}")
+      [[ $v == VERBS_FAILOVER_LOG_FILE || $v == VERBS_FAILOVER_STATS ]] || envs+=("$v=${!v}")
     done < <(compgen -e | grep '^VERBS_FAILOVER_' || true)
   fi
   while (($#)) && [[ $1 =~ ^[A-Za-z_][A-Za-z0-9_]*= ]]; do
@@ -59,7 +61,8 @@ _start() {
 on() { _start on "$@"; }
 
 # app HOST NAME ...: like `on`, for the program under test. In the @shim variant it runs with
-# LD_PRELOAD=$VF_SHIM and VERBS_FAILOVER_LOG_FILE=$SCEN_DIR/HOST/NAME.vf.%p.log.
+# LD_PRELOAD=$VF_SHIM, VERBS_FAILOVER_LOG_FILE=$SCEN_DIR/HOST/NAME.vf.%p.log and
+# VERBS_FAILOVER_STATS=$SCEN_DIR/HOST/stats.HOST.NAME.%p.json.
 app() { _start app "$@"; }
 
 # Sets _ID (a command substitution could not stop the scenario on an unknown job).
@@ -100,6 +103,42 @@ wait_jobs() {
     rc=0
     wait_job "${j%%:*}" "${j#*:}" "$left" || rc=$?
     ((rc == 0)) || all=1
+  done
+  return "$all"
+}
+
+# wait_jobs_or_failure TIMEOUT GRACE HOST:NAME...: like wait_jobs, but stops early once a job has
+# exited with a non-zero status: the others get GRACE more seconds (so that their logs show how
+# they saw the failure), then it returns 1. Jobs still running are left running (the caller kills
+# them, or the runner does). Returns 0 only if every job exited with status 0.
+wait_jobs_or_failure() {
+  local timeout=$1 grace=$2
+  shift 2
+  local end=$(($(now_ms) + timeout * 1000)) j rc pending failed=0
+  while :; do
+    pending=0
+    for j in "$@"; do
+      _job_id "${j%%:*}" "${j#*:}"
+      rc=$(job_rc_id "${j%%:*}" "$_ID")
+      if [[ -z $rc ]]; then
+        pending=1
+      elif [[ $rc != 0 ]] && ((!failed)); then
+        failed=1
+        log "$j exited with status $rc; the others get ${grace} s"
+        local grace_end=$(($(now_ms) + grace * 1000))
+        ((grace_end < end)) && end=$grace_end
+      fi
+    done
+    ((pending)) || break
+    (($(now_ms) < end)) || break
+    sleep 0.2
+  done
+  local all=0
+  for j in "$@"; do
+    _job_id "${j%%:*}" "${j#*:}"
+    rc=$(job_rc_id "${j%%:*}" "$_ID")
+    log "$j: ${rc:+exited with status }${rc:-still running}"
+    [[ $rc == 0 ]] || all=1
   done
   return "$all"
 }
@@ -213,26 +252,78 @@ lab_fail() {
 # Each action is logged with a timestamp in $SCEN_DIR/faults.log. A scenario that injected a fault
 # gets fresh VMs before the next scenario runs, restored or not.
 
+# Every fault (not its restore) is also timed on the affected guest's own clock, the clock its
+# shim stamps failover events with: a line "KIND HOST NET FAULT_UNIX_NS ERR_NS" in
+# $SCEN_DIR/fault_times. The fault happened at most ERR_NS after FAULT_UNIX_NS (docs/lab.md,
+# "Failover statistics").
 FAULT_SEQ=0
+FAULT_NS="" FAULT_ERR_NS=""
+
+# EPOCHREALTIME text (seconds.microseconds) -> nanoseconds
+_us_text_to_ns() { printf '%s' "$((${1%.*} * 1000000000 + 10#${1#*.} * 1000))"; }
+
+# _fault_guest HOST WHAT COMMAND: run COMMAND in HOST between two readings of HOST's clock; sets
+# FAULT_NS (the reading before) and FAULT_ERR_NS (the command's duration).
 _fault_guest() {
   local h=$1 what=$2
   shift 2
   FAULT_SEQ=$((FAULT_SEQ + 1))
-  run_on "$h" "fault$FAULT_SEQ-$what" 20 bash -c "$*" ||
-    lab_fail "fault $what on $h failed (see $SCEN_DIR/$h/fault$FAULT_SEQ-$what.log)"
+  local name=fault$FAULT_SEQ-$what
+  # Real-time priority: the fault and its time stamps must not wait behind busy-polling workloads.
+  # shellcheck disable=SC2016 # expanded in the guest
+  run_on "$h" "$name" 20 chrt -f 20 bash -c 'printf "vf-fault-at %s\n" "$EPOCHREALTIME"; '"$*"'
+    rc=$?; printf "vf-fault-done %s\n" "$EPOCHREALTIME"; exit $rc' ||
+    lab_fail "fault $what on $h failed (see $SCEN_DIR/$h/$name.log)"
+  local at fin
+  at=$(awk '$1 == "vf-fault-at" {print $2}' "$SCEN_DIR/$h/$name.log")
+  fin=$(awk '$1 == "vf-fault-done" {print $2}' "$SCEN_DIR/$h/$name.log")
+  [[ $at == *.* && $fin == *.* ]] || lab_fail "fault $what on $h: no guest time stamps"
+  FAULT_NS=$(_us_text_to_ns "$at")
+  FAULT_ERR_NS=$(($(_us_text_to_ns "$fin") - FAULT_NS))
+}
+
+# _carrier_watch_start HOST DEV: a job in HOST (real-time, polling DEV's carrier every ms through
+# sysfs, no fork, no 9p) that prints "vf-carrier-lost PREV NOW" when the carrier drops: the last
+# reading that still saw it up and the first that did not, on HOST's clock. Sets CARRIER_JOB.
+_carrier_watch_start() {
+  local h=$1 dev=$2
+  FAULT_SEQ=$((FAULT_SEQ + 1))
+  CARRIER_JOB=carrier$FAULT_SEQ
+  # shellcheck disable=SC2016 # expanded in the guest
+  on "$h" "$CARRIER_JOB" -- chrt -f 20 bash -c 'exec {t}<>/run/vf-lab/tick
+    f=/sys/class/net/$1/carrier c=0
+    read -r c <"$f" 2>/dev/null
+    [[ $c == 1 ]] || { echo "vf-carrier-not-up"; exit 1; }
+    echo vf-watching; prev=$EPOCHREALTIME
+    while :; do
+      c=0; read -r c <"$f" 2>/dev/null; now=$EPOCHREALTIME
+      [[ $c == 1 ]] || { echo "vf-carrier-lost $prev $now"; exit 0; }
+      prev=$now; read -r -t 0.001 -u "$t" || :
+    done' carrier "$dev"
+  wait_log "$h" "$CARRIER_JOB" '^vf-watching' 30 || lab_fail "carrier watch on $h $dev did not start"
 }
 
 _fault_apply() {
   local kind=$1 h=$2 net=$3 up=$4 dev=${LAB_NET_IFACE[$3]}
+  FAULT_NS="" FAULT_ERR_NS=""
   case $kind in
     port_down)
       _fault_guest "$h" "$kind-$up" "ip link set $dev $([[ $up == 1 ]] && echo up || echo down)"
       ;;
     cable_cut)
       local out
+      [[ $up == 1 ]] || _carrier_watch_start "$h" "$dev"
       out=$(vm_monitor "$h" "set_link $net $([[ $up == 1 ]] && echo on || echo off)") ||
         lab_fail "QEMU monitor of $h did not answer"
       [[ -z $out ]] || lab_fail "set_link on $h: $out"
+      if [[ $up == 0 ]]; then
+        wait_log "$h" "$CARRIER_JOB" '^vf-carrier-lost' 20 || lab_fail "$h never lost the carrier of $dev"
+        local prev fin
+        read -r _ prev fin < <(grep -m1 '^vf-carrier-lost' "$SCEN_DIR/$h/$CARRIER_JOB.log")
+        # The guest's kernel dropped the carrier between these two readings of its clock.
+        FAULT_NS=$(_us_text_to_ns "$prev")
+        FAULT_ERR_NS=$(($(_us_text_to_ns "$fin") - FAULT_NS))
+      fi
       ;;
     blackhole)
       if [[ $up == 1 ]]; then
@@ -251,6 +342,10 @@ _fault_apply() {
       ;;
     *) lab_fail "unknown fault kind '$kind'" ;;
   esac
+  if [[ $up == 0 && -n $FAULT_NS ]]; then
+    printf '%s %s %s %s %s\n' "$kind" "$h" "$net" "$FAULT_NS" "$FAULT_ERR_NS" >>"$SCEN_DIR/fault_times"
+    log "fault $kind $h $net at $h's clock $FAULT_NS ns (+0..$((FAULT_ERR_NS / 1000)) us)"
+  fi
 }
 
 _fault_log() {
@@ -339,4 +434,66 @@ perftest_pair() {
     note "$test: no bandwidth line in the client's output"
     return 1
   }
+}
+
+# ---- failover statistics (the shim's VERBS_FAILOVER_STATS files, see docs/lab.md) -------------
+# In a shim variant every app() job writes $SCEN_DIR/HOST/stats.HOST.NAME.<pid>.json at exit;
+# lib/failover_stats.py reads them on the host.
+
+_failover_stats() { python3 "$LAB_DIR/lib/failover_stats.py" "$@"; }
+
+# assert_failover HOST JOB: the job's stats show totals.failovers >= 1 and every failover/failback
+# event resumed (resumed_unix_ns > 0). Otherwise a note saying what is missing, and status 1.
+assert_failover() {
+  local out rc=0
+  out=$(_failover_stats check "$SCEN_DIR" "$1" "$2" --failover) || rc=$?
+  ((rc == 0)) && { log "stats $1:$2: failover recorded and resumed"; return 0; }
+  note "${out:-stats of $1:$2 could not be checked (status $rc)}"
+  return 1
+}
+
+# assert_stats HOST JOB EXPR...: each Python expression holds for every stats file of the job,
+# with s = the file's object and helpers qps(s), dev(s, NAME), totals(s); e.g.
+#   assert_stats A p1 'totals(s)["failovers"] == 0' 'dev(s, "rxe0").get("state") == "DOWN"'
+assert_stats() {
+  local h=$1 j=$2 e out rc=0 args=()
+  shift 2
+  for e in "$@"; do args+=(--expect "$e"); done
+  out=$(_failover_stats check "$SCEN_DIR" "$h" "$j" "${args[@]}") || rc=$?
+  ((rc == 0)) && { log "stats $h:$j: $*: hold"; return 0; }
+  note "${out:-stats of $h:$j could not be checked (status $rc)}"
+  return 1
+}
+
+# failover_figures HOST [JOB...]: fault-to-resume time of each fault injected on HOST (the latest
+# first completion on the standby among the failovers of HOST's jobs after that fault, minus the
+# fault's time, both on HOST's clock; an upper bound, at most err_ms too high), and the shim's own
+# detection-to-first-completion "ms" (median and max over every failover of both hosts). Adds the
+# figures fault_to_resume_ms, err_ms, failover_ms, failover_ms_max; the full table goes to
+# $SCEN_DIR/failover_times.txt. Sets FAILOVER_RESUME_MS (one value per fault, "-" if none).
+FAILOVER_RESUME_MS=()
+failover_figures() {
+  local out line resume err
+  FAILOVER_RESUME_MS=()
+  out=$(_failover_stats times "$SCEN_DIR" "$@") || { note "failover_stats.py times failed"; return 1; }
+  printf '%s\n' "$out" >"$SCEN_DIR/failover_times.txt"
+  local errs=()
+  while read -r line; do
+    case $line in
+      fault\ *)
+        log "timing: $line"
+        resume=$(grep -o ' resume_ms=[^ ]*' <<<"$line" | cut -d= -f2)
+        err=$(grep -o ' err_ms=[^ ]*' <<<"$line" | cut -d= -f2)
+        FAILOVER_RESUME_MS+=("${resume:--}")
+        errs+=("$err")
+        ;;
+      failover_ms_median\ *) figure failover_ms "${line#* }" ;;
+      failover_ms_max\ *) figure failover_ms_max "${line#* }" ;;
+    esac
+  done <<<"$out"
+  if ((${#FAILOVER_RESUME_MS[@]})); then
+    local IFS=,
+    figure fault_to_resume_ms "${FAILOVER_RESUME_MS[*]}"
+    figure err_ms "${errs[*]}"
+  fi
 }

@@ -1,22 +1,64 @@
 # shellcheck shell=bash
-# Shared by the nccl_pattern scenarios (a name starting with _ is not a scenario itself): starts
-# the 4-rank ring, two ranks per host. Rank r runs on NCCL_RING_HOSTS[r] and sends on rail r/2
-# (rxe0 for ranks 0,1 = "process 0" of each host; rxe1 for ranks 2,3 = "process 1"); the
-# connection from its previous rank uses that rank's rail, so every hop crosses hosts on one rail.
-NCCL_RING_HOSTS=(A B A B)
+# Shared by the nccl_pattern scenarios (a name starting with _ is not a scenario itself): two
+# processes per host, each bound to ONE rail, like NCCL channels each bound to one NIC.
+#   ring 0 = process 0 of A + process 0 of B, a 2-rank ring all-reduce entirely on rxe0 (rail 0)
+#   ring 1 = process 1 of A + process 1 of B, a 2-rank ring all-reduce entirely on rxe1 (rail 1)
+# Every QP of a process (to the next rank, from the previous rank, the self-connected flush QP)
+# is on its own device, so the shim protects process 0 with rail 1 as backup and process 1 with
+# rail 0 (docs/workloads.md, "Rank layout"). Jobs are named pK on both hosts (K = process = ring
+# = rail); in each ring A's process is rank 0 and B's is rank 1.
+NCCL_JOBS=(A:p0 B:p0 A:p1 B:p1)
 
-# start_nccl_ring ITERS BYTES TIMEOUT_S: each rank listens first, then connects to the next
-# (bounded retries), so they may start in any order. Job names are rank0..rank3.
-start_nccl_ring() {
-  local iters=$1 bytes=$2 timeout_s=$3 r
+# start_nccl_rings ITERS BYTES TIMEOUT_S [VAR=VALUE...]: both rings, four processes. Each rank
+# listens first, then connects to the next (bounded retries), so they may start in any order.
+# VAR=VALUE words go to every process (e.g. the shim's settings).
+start_nccl_rings() {
+  local iters=$1 bytes=$2 timeout_s=$3 p h rank peer
+  shift 3
   local bin=$REPO_DIR/build/bin/nccl_pattern
   [[ -x $bin ]] || lab_fail "nccl_pattern is not built: $bin"
-  for r in 0 1 2 3; do
-    local next=$(((r + 1) % 4)) prev=$(((r + 3) % 4))
-    app "${NCCL_RING_HOSTS[r]}" "rank$r" -- stdbuf -oL "$bin" --rank "$r" --nranks 4 \
-      --listen $((LAB_PORT + 100 * r)) \
-      --next "$(ip_of "${NCCL_RING_HOSTS[next]}" mgmt):$((LAB_PORT + 100 * next))" \
-      --dev "rxe$((r / 2))" --prev-dev "rxe$((prev / 2))" --gid-index 1 --qps-per-conn 2 \
-      --iters "$iters" --bytes "$bytes" --chunk-bytes 16384 --ib-timeout 14 --timeout-s "$timeout_s"
+  for p in 0 1; do
+    for h in A B; do
+      rank=0 peer=B
+      [[ $h == B ]] && rank=1 peer=A
+      app "$h" "p$p" "$@" -- stdbuf -oL "$bin" --rank "$rank" --nranks 2 \
+        --listen "$(nccl_port "$h" "$p")" --next "$(ip_of "$peer" mgmt):$(nccl_port "$peer" "$p")" \
+        --dev "rxe$p" --prev-dev "rxe$p" --gid-index 1 --qps-per-conn 2 \
+        --iters "$iters" --bytes "$bytes" --chunk-bytes 16384 --ib-timeout 14 --timeout-s "$timeout_s"
+    done
   done
+}
+
+# nccl_port HOST PROCESS: the bootstrap port a process listens on (distinct per host and process).
+nccl_port() {
+  local off=0
+  [[ $1 == B ]] && off=100
+  printf '%s' $((LAB_PORT + off + 200 * $2))
+}
+
+# nccl_wait_started TIMEOUT: every process printed "traffic started" (else lab_fail).
+nccl_wait_started() {
+  local j
+  for j in "${NCCL_JOBS[@]}"; do
+    wait_log "${j%%:*}" "${j#*:}" 'traffic started' "$1" || lab_fail "$j did not start its traffic"
+  done
+}
+
+# nccl_summary HOST JOB: the process's PASS/FAIL summary line (empty if none).
+nccl_summary() {
+  grep -m1 '^nccl_pattern: rank [0-9] \(PASS\|FAIL\)' "$SCEN_DIR/$1/$2.log" 2>/dev/null || true
+}
+
+# nccl_check_pass: every process exited 0 with a PASS line; notes the first problems. Status 0/1.
+nccl_check_pass() {
+  local j line st rc=0
+  for j in "${NCCL_JOBS[@]}"; do
+    line=$(nccl_summary "${j%%:*}" "${j#*:}")
+    st=$(job_rc "${j%%:*}" "${j#*:}")
+    if [[ $st != 0 || $line != *" PASS "* ]]; then
+      note "$j: status ${st:-running}: ${line:-no summary line}"
+      rc=1
+    fi
+  done
+  return "$rc"
 }

@@ -1,0 +1,1994 @@
+#include "core/failover_engine.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "core/control_channel.h"
+#include "core/device_pairs.h"
+#include "core/log.h"
+#include "core/object_registry.h"
+#include "core/stats.h"
+
+namespace vf {
+namespace {
+
+constexpr std::uint8_t kMaxPorts = 4;
+constexpr int kMaxDevices = 32;
+constexpr int kConnectTimeoutMs = 300;
+constexpr std::uint64_t kPairingAnswerTimeoutNs = 2'000'000'000;
+constexpr std::uint64_t kRearmRetryNs = 1'000'000'000;
+constexpr int kMaxGidScan = 16;
+constexpr std::uint8_t kStandbyRdAtomic = 16;
+
+std::uint64_t realtime_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull +
+         static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+std::uint64_t monotonic_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull +
+         static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+const void* key_of(std::uint64_t value) { return reinterpret_cast<const void*>(value); }
+std::uint64_t qpn_key(int device, std::uint32_t qpn) {
+  return (static_cast<std::uint64_t>(device + 1) << 32) | qpn;
+}
+
+const char* port_state_name(ibv_port_state state) {
+  switch (state) {
+    case IBV_PORT_DOWN: return "DOWN";
+    case IBV_PORT_INIT: return "INIT";
+    case IBV_PORT_ARMED: return "ARMED";
+    case IBV_PORT_ACTIVE: return "ACTIVE";
+    case IBV_PORT_ACTIVE_DEFER: return "ACTIVE_DEFER";
+    default: return "NOP";
+  }
+}
+
+const char* path_name(int path) { return path == kPrimary ? "primary" : "standby"; }
+
+const char* reason_name(FailoverReason reason) {
+  switch (reason) {
+    case FailoverReason::kPortDown: return "port_down";
+    case FailoverReason::kErrorCompletion: return "error_completion";
+    case FailoverReason::kPeerRequest: return "peer_request";
+    case FailoverReason::kFailback: return "failback";
+  }
+  return "unknown";
+}
+
+ibv_wc_opcode wc_opcode_of(ibv_wr_opcode opcode) {
+  switch (opcode) {
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM: return IBV_WC_RDMA_WRITE;
+    case IBV_WR_RDMA_READ: return IBV_WC_RDMA_READ;
+    case IBV_WR_ATOMIC_CMP_AND_SWP: return IBV_WC_COMP_SWAP;
+    case IBV_WR_ATOMIC_FETCH_AND_ADD: return IBV_WC_FETCH_ADD;
+    default: return IBV_WC_SEND;
+  }
+}
+
+struct PortInfoState {
+  ibv_port_state state = IBV_PORT_NOP;
+  int link_layer = 0;
+  ibv_mtu active_mtu = IBV_MTU_1024;
+  int backup_device = -1;
+  std::uint8_t backup_port = 1;
+  std::uint64_t changes = 0;
+  std::atomic<std::uint64_t> hidden_async_events{0};
+};
+
+struct Device {
+  std::string name;
+  ibv_device* device = nullptr;
+  ibv_context* context = nullptr;  // the engine's own
+  std::uint8_t port_count = 0;
+  PortInfoState ports[kMaxPorts + 1];
+  int max_qp_rd_atom = 1;
+};
+
+struct MrRecord {
+  ibv_mr* app_mr = nullptr;
+  int device = -1;         // the application's device
+  ibv_mr* shadow = nullptr;
+  std::uint32_t value = 0;  // registry payload: the shadow lkey (lkey table) or rkey (rkey table)
+};
+
+struct KeyTranslation {
+  std::uint32_t value = 0;
+};
+
+struct ShadowPd {
+  ibv_pd* shadow = nullptr;
+  int device = -1;
+};
+
+// Where a message to the peer goes: a TCP session to another process, or this process itself
+// (both ends of the pair here: a loopback or self-connected QP).
+struct PeerRef {
+  bool local = false;
+  std::uint64_t token = 0;        // the peer process's token (its Hello)
+  std::uint64_t session = 0;      // the session the pairing used
+  std::vector<std::uint32_t> addresses;
+  std::uint16_t port = 0;
+  std::uint32_t pid = 0;
+};
+
+struct SwitchState {
+  bool in_progress = false;
+  int from = kPrimary;
+  int to = kStandby;
+  std::uint32_t epoch = 0;
+  FailoverReason reason = FailoverReason::kPortDown;
+  std::uint64_t detected_unix_ns = 0;
+  bool local_ready = false;
+  std::uint64_t local_count = 0;
+  bool peer_known = false;
+  std::uint64_t peer_count = 0;
+  bool initiator = false;
+  std::uint64_t started_monotonic_ns = 0;
+};
+
+struct Rearm {
+  bool needed = false;
+  bool awaiting = false;
+  std::uint64_t sent_ns = 0;
+};
+
+struct QpAttrs {  // what the application gave its QP, to re-connect the primary later
+  bool have_init = false, have_rtr = false, have_rts = false;
+  ibv_qp_attr init{}, rtr{}, rts{};
+  int init_mask = 0, rtr_mask = 0, rts_mask = 0;
+};
+
+struct Protection {
+  std::unique_ptr<VirtualQp> qp;
+  ibv_pd* app_pd = nullptr;
+  QpKey local;
+  QpKey remote;
+  bool remote_known = false;
+  bool paired = false;
+  std::string unprotected_reason;
+  bool warned_unprotected = false;
+  PeerRef peer;
+  // pairing
+  bool pairing = false;
+  std::vector<std::pair<std::uint32_t, std::uint16_t>> candidates;
+  std::size_t next_candidate = 0;
+  std::uint64_t awaiting_session = 0;
+  std::uint64_t awaiting_since_ns = 0;
+  int pairing_rounds = 0;
+  std::uint64_t retry_at_ns = 0;
+  std::uint8_t peer_mtu = 0;
+  QpAttrs attrs;
+  SwitchState sw;
+  std::uint32_t epoch = 0;
+  Rearm rearm[kPathCount];
+  std::uint64_t failovers = 0;
+  std::uint64_t failbacks = 0;
+  std::vector<SwitchEvent> events;
+  std::uint32_t pending_event = UINT32_MAX;  // index of the event awaiting its resume time
+};
+
+struct ChannelState {
+  ibv_comp_channel* app_channel = nullptr;
+  ibv_comp_channel* shadow_channel = nullptr;
+  int wake_fd = -1;
+  std::vector<CqState*> cqs;
+};
+
+using VirtualQpRegistry = ObjectRegistry<VirtualQp, 1 << 16>;
+using QpnRegistry = ObjectRegistry<VirtualQp, 1 << 17>;
+using CqRegistry = ObjectRegistry<CqState, 1 << 14>;
+using KeyRegistry = ObjectRegistry<KeyTranslation, 1 << 17>;
+
+struct Engine {
+  std::mutex mutex;
+  Config config;
+  VerbsApi verbs;
+  std::string program;
+  bool configured = false;
+  bool started = false;
+  bool start_failed = false;
+  Device devices[kMaxDevices];
+  int device_count = 0;
+  std::uint64_t token = 0;
+  ControlChannel channel;
+  int wake_fd = -1;
+  std::map<VirtualQp*, Protection> protections;
+  std::vector<std::pair<std::uint32_t, std::string>> unprotected;  // qpn, reason (never virtual)
+  std::map<std::pair<ibv_pd*, int>, ShadowPd> shadow_pds;
+  std::map<ibv_mr*, std::unique_ptr<MrRecord>> mrs;
+  std::map<std::uint64_t, std::unique_ptr<KeyTranslation>> key_storage;  // owns registry values
+  std::map<std::uint64_t, std::uint32_t> peer_index_of_token;
+  std::map<ibv_cq*, std::unique_ptr<CqState>> cqs;
+  std::map<ibv_comp_channel*, ChannelState> channels;
+  std::vector<std::pair<std::uint64_t, ControlMessage>> local_inbox;  // (unused token, message)
+  std::uint64_t next_stats_ns = 0;
+  std::thread::id engine_thread;
+};
+
+Engine& engine() {
+  static Engine* instance = new Engine;  // never destroyed: the thread may outlive main
+  return *instance;
+}
+VirtualQpRegistry& qps_by_address() {
+  static auto* registry = new VirtualQpRegistry;
+  return *registry;
+}
+QpnRegistry& qps_by_qpn() {
+  static auto* registry = new QpnRegistry;
+  return *registry;
+}
+CqRegistry& cqs_by_address() {
+  static auto* registry = new CqRegistry;
+  return *registry;
+}
+KeyRegistry& lkeys() {
+  static auto* registry = new KeyRegistry;
+  return *registry;
+}
+KeyRegistry& rkeys() {
+  static auto* registry = new KeyRegistry;
+  return *registry;
+}
+
+std::uint64_t lkey_key(int device, std::uint32_t lkey) {
+  return (static_cast<std::uint64_t>(device + 1) << 32) | lkey;
+}
+std::uint64_t rkey_key(std::uint64_t peer, std::uint32_t rkey) {
+  return ((peer + 1) << 32) | rkey;
+}
+
+// ------------------------------------------------------------------ data-path services
+
+bool translate_lkey(int device, std::uint32_t lkey, std::uint32_t* out) {
+  const KeyTranslation* entry = lkeys().find(key_of(lkey_key(device, lkey)));
+  if (entry == nullptr) return false;
+  *out = entry->value;
+  return true;
+}
+
+bool translate_rkey(std::uint64_t peer, std::uint32_t rkey, std::uint32_t* out) {
+  const KeyTranslation* entry = rkeys().find(key_of(rkey_key(peer, rkey)));
+  if (entry == nullptr) return false;
+  *out = entry->value;
+  return true;
+}
+
+void wake_engine() {
+  const int fd = engine().wake_fd;
+  if (fd >= 0) eventfd_write(fd, 1);
+}
+
+VirtualQp* find_by_qpn(int device, std::uint32_t qpn) {
+  return qps_by_qpn().find(key_of(qpn_key(device, qpn)));
+}
+
+// Registry values are owned by key_storage (engine mutex held).
+void put_key(KeyRegistry& registry, std::uint64_t key, std::uint32_t value) {
+  Engine& e = engine();
+  auto& slot = e.key_storage[key ^ (&registry == &rkeys() ? (1ull << 63) : 0)];
+  if (slot) {
+    slot->value = value;
+    return;
+  }
+  slot = std::make_unique<KeyTranslation>();
+  slot->value = value;
+  if (!registry.insert(key_of(key), slot.get())) {
+    VF_LOG_WARN("key translation table full; a registration is not usable on the standby path");
+  }
+}
+
+void erase_key(KeyRegistry& registry, std::uint64_t key) {
+  Engine& e = engine();
+  registry.erase(key_of(key));
+  // The value stays allocated: a data-path reader may hold it for a moment. Registrations are
+  // few and long-lived, so the storage is reclaimed only when the key is reused.
+  (void)e;
+}
+
+// ------------------------------------------------------------------ devices
+
+Gid gid_of(const ibv_gid& gid) {
+  Gid out{};
+  std::memcpy(out.data(), gid.raw, out.size());
+  return out;
+}
+
+ibv_gid to_ibv_gid(const Gid& gid) {
+  ibv_gid out{};
+  std::memcpy(out.raw, gid.data(), gid.size());
+  return out;
+}
+
+int device_of_context(const ibv_context* context) {
+  Engine& e = engine();
+  for (int i = 0; i < e.device_count; ++i) {
+    if (e.devices[i].device == context->device ||
+        std::strcmp(e.devices[i].name.c_str(), context->device->name) == 0) {
+      return i;
+    }
+  }
+  return -1;
+}
+
+// The GID index the standby uses on its port: the first IPv4-mapped GID (RoCEv2 on rxe; the
+// RoCE fabrics this was built for), else index 0 (InfiniBand).
+int standby_gid_index(int device, std::uint8_t port, Gid* gid) {
+  Engine& e = engine();
+  int fallback = -1;
+  Gid fallback_gid{};
+  for (int index = 0; index < kMaxGidScan; ++index) {
+    ibv_gid raw{};
+    if (e.verbs.query_gid(e.devices[device].context, port, index, &raw) != 0) break;
+    const Gid candidate = gid_of(raw);
+    if (std::all_of(candidate.begin(), candidate.end(), [](std::uint8_t b) { return b == 0; })) {
+      continue;
+    }
+    if (ipv4_of_gid(candidate) != 0) {
+      *gid = candidate;
+      return index;
+    }
+    if (fallback < 0) {
+      fallback = index;
+      fallback_gid = candidate;
+    }
+  }
+  *gid = fallback_gid;
+  return fallback < 0 ? 0 : fallback;
+}
+
+void discover_devices() {
+  Engine& e = engine();
+  int count = 0;
+  ibv_device** list = e.verbs.get_device_list(&count);
+  if (list == nullptr) return;
+  std::vector<PortInfo> ports;
+  for (int i = 0; i < count && e.device_count < kMaxDevices; ++i) {
+    Device& d = e.devices[e.device_count];
+    d.name = list[i]->name;
+    d.device = list[i];
+    d.context = e.verbs.open_device(list[i]);
+    if (d.context == nullptr) {
+      VF_LOG_WARN("failover: cannot open {} ({}); it is neither protected nor a backup", d.name,
+                  strerror(errno));
+      continue;
+    }
+    ibv_device_attr attr{};
+    if (e.verbs.query_device(d.context, &attr) == 0) {
+      d.port_count = std::min<std::uint8_t>(attr.phys_port_cnt, kMaxPorts);
+      d.max_qp_rd_atom = std::max(1, attr.max_qp_rd_atom);
+    }
+    for (std::uint8_t port = 1; port <= d.port_count; ++port) {
+      ibv_port_attr port_attr{};
+      if (ibv_query_port(d.context, port, &port_attr) != 0) continue;
+      d.ports[port].state = port_attr.state;
+      d.ports[port].link_layer = port_attr.link_layer;
+      d.ports[port].active_mtu = port_attr.active_mtu;
+      ports.push_back({d.name, port, port_attr.state == IBV_PORT_ACTIVE, port_attr.link_layer});
+    }
+    ++e.device_count;
+  }
+  // The device list stays allocated: ibv_device pointers must outlive the contexts.
+  std::vector<PairingRule> rules;
+  if (!e.config.pairs.empty()) {
+    PairsParseResult parsed = parse_device_pairs(e.config.pairs);
+    for (const std::string& problem : parsed.problems) VF_LOG_WARN("{}", problem);
+    rules = parsed.rules;
+  } else {
+    rules = automatic_pairs(ports);
+  }
+  for (int i = 0; i < e.device_count; ++i) {
+    Device& d = e.devices[i];
+    for (std::uint8_t port = 1; port <= d.port_count; ++port) {
+      std::optional<PortRef> backup = backup_for(rules, PortRef{d.name, port});
+      int backup_device = -1;
+      if (backup) {
+        for (int j = 0; j < e.device_count; ++j) {
+          if (e.devices[j].name == backup->device && backup->port <= e.devices[j].port_count) {
+            backup_device = j;
+          }
+        }
+      }
+      if (backup_device < 0 || (backup_device == i && backup->port == port)) {
+        VF_LOG_WARN("failover: {}/{} has no usable backup port{}; its QPs run unprotected "
+                    "(pass-through)",
+                    d.name, port, backup ? fmt::format(" ({} not found)", backup->device) : "");
+        continue;
+      }
+      d.ports[port].backup_device = backup_device;
+      d.ports[port].backup_port = backup->port;
+      VF_LOG_INFO("failover: {}/{} is backed up by {}/{}", d.name, port,
+                  e.devices[backup_device].name, backup->port);
+    }
+  }
+}
+
+// ------------------------------------------------------------------ QP state helpers
+
+int modify(ibv_qp* qp, ibv_qp_attr* attr, int mask, bool keep_app_state) {
+  Engine& e = engine();
+  const ibv_qp_state before = qp->state;
+  const int result = e.verbs.modify_qp(qp, attr, mask);
+  // The application's QP keeps reading the state the application gave it.
+  if (keep_app_state) qp->state = before;
+  return result;
+}
+
+bool to_reset_and_init(ibv_qp* qp, std::uint8_t port, unsigned int access, bool app_qp) {
+  ibv_qp_attr attr{};
+  attr.qp_state = IBV_QPS_RESET;
+  if (modify(qp, &attr, IBV_QP_STATE, app_qp) != 0) return false;
+  attr = {};
+  attr.qp_state = IBV_QPS_INIT;
+  attr.port_num = port;
+  attr.pkey_index = 0;
+  attr.qp_access_flags = access;
+  return modify(qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS,
+                app_qp) == 0;
+}
+
+bool to_error(ibv_qp* qp, bool app_qp) {
+  ibv_qp_attr attr{};
+  attr.qp_state = IBV_QPS_ERR;
+  return modify(qp, &attr, IBV_QP_STATE, app_qp) == 0;
+}
+
+constexpr unsigned int kFullAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                                     IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+
+// Connects the standby QP to the peer's standby (RTR then RTS).
+bool connect_standby(Protection& p, std::uint32_t dest_qpn, const Gid& dest_gid,
+                     std::uint32_t dest_psn, std::uint8_t peer_mtu) {
+  Engine& e = engine();
+  PhysicalPath& standby = p.qp->path[kStandby];
+  const Device& device = e.devices[standby.device_index];
+  ibv_mtu mtu = device.ports[standby.port].active_mtu;
+  if (p.attrs.have_rtr && (p.attrs.rtr_mask & IBV_QP_PATH_MTU)) mtu = std::min(mtu, p.attrs.rtr.path_mtu);
+  if (peer_mtu != 0) mtu = std::min(mtu, static_cast<ibv_mtu>(peer_mtu));
+  ibv_qp_attr attr{};
+  attr.qp_state = IBV_QPS_RTR;
+  attr.path_mtu = mtu;
+  attr.dest_qp_num = dest_qpn;
+  attr.rq_psn = dest_psn;
+  attr.max_dest_rd_atomic = static_cast<std::uint8_t>(std::min<int>(kStandbyRdAtomic, device.max_qp_rd_atom));
+  attr.min_rnr_timer = 1;
+  attr.ah_attr.is_global = 1;
+  attr.ah_attr.grh.dgid = to_ibv_gid(dest_gid);
+  attr.ah_attr.grh.sgid_index = static_cast<std::uint8_t>(standby.gid_index);
+  attr.ah_attr.grh.hop_limit = 64;
+  attr.ah_attr.port_num = standby.port;
+  int result = e.verbs.modify_qp(standby.qp, &attr,
+                                 IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                     IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+                                     IBV_QP_MIN_RNR_TIMER);
+  if (result != 0) {
+    VF_LOG_WARN("qp {}: standby qp {} to RTR failed ({})", p.qp->vqpn, standby.qp->qp_num,
+                strerror(result));
+    return false;
+  }
+  attr = {};
+  attr.qp_state = IBV_QPS_RTS;
+  attr.sq_psn = standby.psn;
+  attr.timeout = e.config.qp_timeout;
+  attr.retry_cnt = 7;
+  attr.rnr_retry = 7;
+  attr.max_rd_atomic = static_cast<std::uint8_t>(std::min<int>(kStandbyRdAtomic, device.max_qp_rd_atom));
+  result = e.verbs.modify_qp(standby.qp, &attr,
+                             IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                                 IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC);
+  if (result != 0) {
+    VF_LOG_WARN("qp {}: standby qp {} to RTS failed ({})", p.qp->vqpn, standby.qp->qp_num,
+                strerror(result));
+    return false;
+  }
+  return true;
+}
+
+// Re-connects the application's own QP after a reset (RTR/RTS with the application's attributes
+// and fresh PSNs).
+bool connect_primary(Protection& p, std::uint32_t dest_qpn, std::uint32_t dest_psn) {
+  Engine& e = engine();
+  VirtualQp& v = *p.qp;
+  if (!p.attrs.have_rtr || !p.attrs.have_rts) return false;
+  ibv_qp_attr attr = p.attrs.rtr;
+  attr.qp_state = IBV_QPS_RTR;
+  attr.dest_qp_num = dest_qpn;
+  attr.rq_psn = dest_psn;
+  int mask = p.attrs.rtr_mask | IBV_QP_STATE | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+  if (modify(v.app_qp, &attr, mask, true) != 0) return false;
+  attr = p.attrs.rts;
+  attr.qp_state = IBV_QPS_RTS;
+  attr.sq_psn = v.path[kPrimary].psn;
+  mask = p.attrs.rts_mask | IBV_QP_STATE | IBV_QP_SQ_PSN;
+  (void)e;
+  return modify(v.app_qp, &attr, mask, true) == 0;
+}
+
+std::uint32_t random_psn() {
+  static thread_local std::mt19937 generator{std::random_device{}()};
+  return generator() & 0xffffff;
+}
+
+// ------------------------------------------------------------------ messages
+
+void process_message(const PeerRef& from, std::uint64_t session, ControlMessage& message);
+
+bool send_to_peer(Protection& p, const ControlMessage& message) {
+  Engine& e = engine();
+  if (p.peer.local) {
+    e.local_inbox.emplace_back(0, message);
+    wake_engine();
+    return true;
+  }
+  ControlSession* session = e.channel.find_by_token(p.peer.token);
+  if (session == nullptr) session = e.channel.find(p.peer.session);
+  if (session != nullptr && e.channel.send(session->id, message)) return true;
+  // Every session to the peer is gone: reach it on any address it advertised.
+  for (std::uint32_t address : p.peer.addresses) {
+    std::string error;
+    const std::uint64_t id = e.channel.connect(address, p.peer.port, kConnectTimeoutMs, error);
+    if (id == 0) {
+      VF_LOG_DEBUG("control: reconnect to {}:{} failed ({})", ipv4_text(address), p.peer.port,
+                   error);
+      continue;
+    }
+    p.peer.session = id;
+    if (e.channel.send(id, message)) return true;
+  }
+  VF_LOG_ERROR("qp {}: the peer's shim (pid {}) cannot be reached on any of its addresses",
+               p.qp->vqpn, p.peer.pid);
+  return false;
+}
+
+PairRequest describe_standby(Protection& p) {
+  Engine& e = engine();
+  PairRequest request;
+  request.local = p.local;
+  request.remote = p.remote;
+  const PhysicalPath& standby = p.qp->path[kStandby];
+  request.standby_qpn = standby.qp->qp_num;
+  request.standby_gid = standby.gid;
+  request.standby_psn = standby.psn;
+  ibv_mtu mtu = e.devices[standby.device_index].ports[standby.port].active_mtu;
+  if (p.attrs.have_rtr && (p.attrs.rtr_mask & IBV_QP_PATH_MTU)) mtu = std::min(mtu, p.attrs.rtr.path_mtu);
+  request.path_mtu = static_cast<std::uint8_t>(mtu);
+  // The registrations of the QP's device: the peer translates our rkeys with them.
+  for (const auto& [mr, record] : e.mrs) {
+    if (record->device != p.qp->path[kPrimary].device_index || record->shadow == nullptr) continue;
+    if (request.registrations.size() >= kMaxRegistrationsPerMessage) break;
+    request.registrations.push_back({reinterpret_cast<std::uintptr_t>(mr->addr), mr->length,
+                                     mr->rkey, record->shadow->rkey});
+  }
+  return request;
+}
+
+std::uint32_t peer_index(std::uint64_t token) {
+  Engine& e = engine();
+  auto [it, inserted] = e.peer_index_of_token.try_emplace(
+      token, static_cast<std::uint32_t>(e.peer_index_of_token.size() + 1));
+  return it->second;
+}
+
+void learn_translations(std::uint64_t peer, const std::vector<MrTranslation>& list) {
+  for (const MrTranslation& entry : list) {
+    if (entry.length == 0) {
+      erase_key(rkeys(), rkey_key(peer, entry.primary_rkey));
+    } else {
+      put_key(rkeys(), rkey_key(peer, entry.primary_rkey), entry.standby_rkey);
+    }
+  }
+}
+
+void mark_protected(Protection& p) {
+  VirtualQp& v = *p.qp;
+  p.paired = true;
+  p.pairing = false;
+  v.path[kPrimary].connected = true;
+  v.path[kStandby].connected = true;
+  p.unprotected_reason.clear();
+  VF_LOG_INFO("qp {}: protected — standby qp {} on {}/{} paired with the peer's qp {} {}",
+              v.vqpn, v.path[kStandby].qp->qp_num,
+              engine().devices[v.path[kStandby].device_index].name, v.path[kStandby].port,
+              p.remote.qpn,
+              p.peer.local ? std::string("(same process)")
+                           : fmt::format("(pid {} at {})", p.peer.pid,
+                                         p.peer.addresses.empty() ? std::string("?")
+                                                                  : ipv4_text(p.peer.addresses[0])));
+}
+
+void set_unprotected(Protection& p, std::string reason) {
+  if (p.unprotected_reason == reason) return;
+  p.unprotected_reason = std::move(reason);
+  VF_LOG_WARN("qp {}: unprotected — {}", p.qp->vqpn, p.unprotected_reason);
+}
+
+Protection* protection_by_key(const QpKey& key) {
+  Engine& e = engine();
+  for (auto& [v, p] : e.protections) {
+    if (p.local == key) return &p;
+  }
+  return nullptr;
+}
+
+// The standby pair is connected from the peer's description (request or reply).
+bool accept_peer_standby(Protection& p, const PairRequest& theirs) {
+  if (p.paired) return true;
+  if (!connect_standby(p, theirs.standby_qpn, theirs.standby_gid, theirs.standby_psn,
+                       theirs.path_mtu)) {
+    set_unprotected(p, "the standby QP could not be connected");
+    return false;
+  }
+  learn_translations(p.qp->peer, theirs.registrations);
+  mark_protected(p);
+  return true;
+}
+
+void handle_pair_request(const PeerRef& from, std::uint64_t session, const PairRequest& request) {
+  Engine& e = engine();
+  Protection* p = protection_by_key(request.remote);
+  auto refuse = [&](PairRefusal reason) {
+    PairRefused refused{request.remote, request.local, static_cast<std::uint32_t>(reason)};
+    if (from.local) {
+      e.local_inbox.emplace_back(0, refused);
+    } else {
+      e.channel.send(session, refused);
+    }
+  };
+  if (p == nullptr) return refuse(PairRefusal::kUnknownQp);
+  if (p->qp->path[kStandby].qp == nullptr || p->qp->mode() == PostMode::kBypass) {
+    return refuse(PairRefusal::kUnprotected);
+  }
+  p->peer = from;
+  if (!from.local) p->peer.session = session;
+  p->qp->peer = from.local ? 0 : peer_index(from.token);
+  if (!p->remote_known) {
+    p->remote = request.local;
+    p->remote_known = true;
+  }
+  if (!accept_peer_standby(*p, request)) return refuse(PairRefusal::kUnprotected);
+  PairReply reply{describe_standby(*p)};
+  if (from.local) {
+    e.local_inbox.emplace_back(0, reply);
+    wake_engine();
+  } else {
+    e.channel.send(session, reply);
+  }
+}
+
+void try_next_candidate(Protection& p);
+
+void handle_pair_reply(const PeerRef& from, std::uint64_t session, const PairReply& reply) {
+  Protection* p = protection_by_key(reply.pair.remote);
+  if (p == nullptr || p->paired) return;
+  p->peer = from;
+  if (!from.local) p->peer.session = session;
+  p->qp->peer = from.local ? 0 : peer_index(from.token);
+  accept_peer_standby(*p, reply.pair);
+}
+
+void handle_pair_refused(const PairRefused& refused) {
+  Protection* p = protection_by_key(refused.remote);
+  if (p == nullptr || p->paired || !p->pairing) return;
+  if (refused.reason == static_cast<std::uint32_t>(PairRefusal::kUnprotected)) {
+    p->pairing = false;
+    set_unprotected(*p, "the peer's shim has no standby for its QP (no backup device there)");
+    return;
+  }
+  p->awaiting_session = 0;
+  try_next_candidate(*p);
+}
+
+// Local pairing: both QPs are in this process (loopback, or NCCL's self-connected flush QP).
+bool pair_locally(Protection& p) {
+  Protection* other = protection_by_key(p.remote);
+  if (other == nullptr) return false;
+  PeerRef self;
+  self.local = true;
+  p.peer = self;
+  other->peer = self;
+  p.qp->peer = 0;
+  other->qp->peer = 0;
+  if (other->qp->path[kStandby].qp == nullptr || other->qp->mode() == PostMode::kBypass) {
+    p.pairing = false;
+    set_unprotected(p, "its peer QP in this process is unprotected");
+    return true;
+  }
+  if (!other->remote_known) {
+    other->remote = p.local;
+    other->remote_known = true;
+  }
+  const PairRequest mine = describe_standby(p);
+  const PairRequest theirs = describe_standby(*other);
+  if (other != &p) accept_peer_standby(*other, mine);
+  accept_peer_standby(p, theirs);
+  return true;
+}
+
+void try_next_candidate(Protection& p) {
+  Engine& e = engine();
+  while (p.next_candidate < p.candidates.size()) {
+    const auto [address, port] = p.candidates[p.next_candidate++];
+    ControlSession* session = e.channel.find_by_endpoint(address, port);
+    std::uint64_t id = session != nullptr ? session->id : 0;
+    if (id == 0) {
+      std::string error;
+      id = e.channel.connect(address, port, kConnectTimeoutMs, error);
+      if (id == 0) continue;  // nobody listens there
+    }
+    if (!e.channel.send(id, describe_standby(p))) continue;
+    p.awaiting_session = id;
+    p.awaiting_since_ns = monotonic_ns();
+    return;
+  }
+  // Nobody answered for this QP: the peer may not run the shim, or not be reachable.
+  p.awaiting_session = 0;
+  if (++p.pairing_rounds < 3) {
+    p.retry_at_ns = monotonic_ns() + 500'000'000ull * static_cast<std::uint64_t>(p.pairing_rounds);
+    p.next_candidate = 0;
+    return;
+  }
+  p.pairing = false;
+  set_unprotected(p, "no peer shim answered for it (is the peer running verbs-failover, and "
+                     "is the control port reachable? VERBS_FAILOVER_CTRL_ADDRS)");
+}
+
+void start_pairing(Protection& p) {
+  Engine& e = engine();
+  p.pairing = true;
+  p.pairing_rounds = 0;
+  p.next_candidate = 0;
+  if (pair_locally(p)) return;
+  p.candidates.clear();
+  std::vector<std::uint32_t> addresses;
+  if (const std::uint32_t address = ipv4_of_gid(p.remote.gid); address != 0) {
+    addresses.push_back(address);
+  }
+  for (const std::string& text : e.config.ctrl_peer_addresses) {
+    in_addr parsed{};
+    if (inet_pton(AF_INET, text.c_str(), &parsed) == 1) addresses.push_back(parsed.s_addr);
+  }
+  if (addresses.empty()) {
+    p.pairing = false;
+    set_unprotected(p, "the peer's GID holds no IPv4 address and VERBS_FAILOVER_CTRL_ADDRS names "
+                       "no peer address");
+    return;
+  }
+  for (std::uint32_t address : addresses) {
+    for (std::uint32_t port = e.config.ctrl_port_first; port <= e.config.ctrl_port_last; ++port) {
+      p.candidates.emplace_back(address, static_cast<std::uint16_t>(port));
+    }
+  }
+  try_next_candidate(p);
+}
+
+// ------------------------------------------------------------------ switching
+
+void post_switch_reset(Protection& p, int old_path) {
+  VirtualQp& v = *p.qp;
+  PhysicalPath& old = v.path[old_path];
+  old.connected = false;
+  const unsigned int access = old_path == kPrimary && p.attrs.have_init &&
+                                      (p.attrs.init_mask & IBV_QP_ACCESS_FLAGS)
+                                  ? p.attrs.init.qp_access_flags
+                                  : kFullAccess;
+  if (!to_reset_and_init(old.qp, old.port, access, old_path == kPrimary)) {
+    VF_LOG_WARN("qp {}: resetting the {} QP for later re-use failed", v.vqpn, path_name(old_path));
+  }
+  p.rearm[old_path].needed = true;
+  p.rearm[old_path].awaiting = false;
+}
+
+void finish_switch(Protection& p) {
+  Engine& e = engine();
+  VirtualQp& v = *p.qp;
+  SwitchState& sw = p.sw;
+  std::vector<const SendRecord*> replay, unrecoverable;
+  std::uint64_t replayed = 0, synthesized = 0;
+  v.send_cq->lock.lock();
+  v.lock().lock();
+  if (!v.send_ring().replay_set(sw.peer_count, replay, unrecoverable)) {
+    VF_LOG_ERROR("qp {}: the peer reports {} messages delivered but only {} were posted; "
+                 "replaying everything outstanding",
+                 v.vqpn, sw.peer_count, v.send_ring().messages_posted());
+    v.send_ring().replay_set(0, replay, unrecoverable);
+  }
+  std::vector<std::uint64_t> keep;
+  keep.reserve(replay.size());
+  for (const SendRecord* record : replay) keep.push_back(record->sequence);
+  const std::uint64_t posted_before = v.next_send_to_post();
+  // What the peer proved done completes now (its acknowledgement was lost with the path), in
+  // order; atomics that may have executed complete with an error (docs/design.md §5).
+  v.send_ring().for_each([&](const SendRecord& record) {
+    if (record.sequence >= posted_before) return;  // never posted: nothing to prove
+    const bool replaying = std::binary_search(keep.begin(), keep.end(), record.sequence);
+    if (replaying) return;
+    const bool atomic = record.is_atomic();
+    if (!record.signaled && !atomic) return;
+    ibv_wc wc{};
+    wc.wr_id = record.wr.wr_id;
+    wc.status = atomic ? IBV_WC_RETRY_EXC_ERR : IBV_WC_SUCCESS;
+    wc.opcode = wc_opcode_of(record.wr.opcode);
+    wc.qp_num = v.vqpn;
+    if (atomic) {
+      VF_LOG_ERROR("qp {}: atomic wr_id={:#x} was in flight when the {} path failed; whether it "
+                   "executed cannot be known, so it completes with an error",
+                   v.vqpn, record.wr.wr_id, path_name(sw.from));
+    }
+    if (v.send_cq->stash.push(wc)) ++synthesized;
+  });
+  if (synthesized > 0) v.send_cq->stash_nonempty.store(true, std::memory_order_relaxed);
+  v.send_ring().compact([&](const SendRecord& record) {
+    return record.sequence >= posted_before ||
+           std::binary_search(keep.begin(), keep.end(), record.sequence);
+  });
+  replayed = keep.size();
+  std::uint64_t first = v.send_ring().next_sequence();
+  v.send_ring().for_each_from(0, [&](const SendRecord& record) {
+    first = record.sequence;
+    return false;
+  });
+  v.restart_sends(first);
+  v.set_holding(false);
+  v.awaiting_resume.store(true, std::memory_order_relaxed);
+  v.post_pending();
+  if (sw.to == kPrimary && !v.application_failed.load()) v.set_mode(PostMode::kDirect);
+  v.lock().unlock();
+  v.send_cq->lock.unlock();
+
+  v.counters.replayed_wrs.fetch_add(replayed, std::memory_order_relaxed);
+  v.counters.synthesized_completions.fetch_add(synthesized, std::memory_order_relaxed);
+  if (sw.reason == FailoverReason::kFailback) {
+    ++p.failbacks;
+  } else {
+    ++p.failovers;
+  }
+  SwitchEvent event;
+  event.kind = sw.reason == FailoverReason::kFailback ? "failback" : "failover";
+  event.reason = reason_name(sw.reason);
+  event.from = path_name(sw.from);
+  event.to = path_name(sw.to);
+  event.detected_unix_ns = sw.detected_unix_ns;
+  event.replayed_wrs = replayed;
+  p.events.push_back(event);
+  p.pending_event = static_cast<std::uint32_t>(p.events.size() - 1);
+  VF_LOG_INFO("qp {}: {} {} -> {} done ({}): peer had delivered {} message(s), we {}; replayed "
+              "{} request(s), completed {} proven done, in {:.3f} ms",
+              v.vqpn, event.kind, event.from, event.to, event.reason, sw.peer_count,
+              sw.local_count, replayed, synthesized,
+              static_cast<double>(monotonic_ns() - sw.started_monotonic_ns) / 1e6);
+  const int old_path = sw.from;
+  sw.in_progress = false;
+  post_switch_reset(p, old_path);
+  (void)e;
+}
+
+// This side's half: stop the old path, take what it completed, count what it delivered, move
+// the receives. Returns false if the switch cannot happen.
+void begin_switch(Protection& p, int target, FailoverReason reason, std::uint32_t epoch,
+                  bool initiator) {
+  VirtualQp& v = *p.qp;
+  SwitchState& sw = p.sw;
+  const int from = v.active_path();
+  sw = SwitchState{};
+  sw.in_progress = true;
+  sw.from = from;
+  sw.to = target;
+  sw.epoch = epoch;
+  sw.reason = reason;
+  sw.initiator = initiator;
+  sw.detected_unix_ns = realtime_ns();
+  sw.started_monotonic_ns = monotonic_ns();
+  p.epoch = epoch;
+  VF_LOG_INFO("qp {}: switching {} -> {} ({}, epoch {})", v.vqpn, path_name(from),
+              path_name(target), reason_name(reason), epoch);
+  v.lock().lock();
+  v.set_mode(PostMode::kRouted);
+  v.set_holding(true);
+  v.lock().unlock();
+  // After this the old path's responder drops whatever still arrives: nothing the peer sends
+  // on it can be delivered behind our count.
+  to_error(v.path[from].qp, from == kPrimary);
+  v.send_cq->drain_into_stash(from);
+  if (v.recv_cq != v.send_cq) v.recv_cq->drain_into_stash(from);
+  if (target == kStandby) {
+    v.send_cq->shadow_active.store(true);
+    v.recv_cq->shadow_active.store(true);
+  }
+  v.lock().lock();
+  v.set_accepting(from, false);
+  sw.local_count = v.recv_ring().delivered_messages();
+  v.set_active_path(target);
+  v.set_accepting(target, true);
+  v.restart_receives();
+  v.post_pending(false);
+  v.link_error_seen.store(false);
+  v.lock().unlock();
+  sw.local_ready = true;
+}
+
+bool can_switch_to(const Protection& p, int target) {
+  const VirtualQp& v = *p.qp;
+  return p.paired && v.path[target].connected && !v.path[target].failed &&
+         !v.application_failed.load() && v.mode() != PostMode::kBypass;
+}
+
+void start_switch(Protection& p, int target, FailoverReason reason) {
+  VirtualQp& v = *p.qp;
+  if (p.sw.in_progress || v.active_path() == target) return;
+  if (!can_switch_to(p, target)) {
+    if (reason != FailoverReason::kFailback) {
+      set_unprotected(p, fmt::format("its {} path failed and the {} path is not usable; the "
+                                     "application sees the failure",
+                                     path_name(v.active_path()), path_name(target)));
+    }
+    return;
+  }
+  begin_switch(p, target, reason, p.epoch + 1, true);
+  FailoverRequest request;
+  request.local = p.local;
+  request.remote = p.remote;
+  request.delivered_messages = p.sw.local_count;
+  request.reason = static_cast<std::uint32_t>(reason);
+  request.epoch = p.sw.epoch;
+  request.target_path = static_cast<std::uint8_t>(target);
+  send_to_peer(p, request);
+  if (p.sw.peer_known) finish_switch(p);
+}
+
+void handle_failover(const QpKey& ours, std::uint64_t delivered, std::uint32_t epoch,
+                     std::uint8_t target, bool is_request, FailoverReason reason) {
+  Protection* p = protection_by_key(ours);
+  if (p == nullptr) return;
+  SwitchState& sw = p->sw;
+  if (sw.in_progress && sw.epoch == epoch) {
+    sw.peer_known = true;
+    sw.peer_count = delivered;
+    if (sw.local_ready) finish_switch(*p);
+    return;
+  }
+  if (!is_request || sw.in_progress || epoch <= p->epoch) {
+    VF_LOG_DEBUG("qp {}: stale failover message (epoch {}, ours {})", p->qp->vqpn, epoch,
+                 p->epoch);
+    return;
+  }
+  if (p->qp->active_path() == target) return;
+  // The peer switches: so do we, whatever our ports say (its side of the path failed).
+  begin_switch(*p, target, reason == FailoverReason::kFailback ? reason
+                                                                : FailoverReason::kPeerRequest,
+               epoch, false);
+  sw.peer_known = true;
+  sw.peer_count = delivered;
+  FailoverReply reply;
+  reply.local = p->local;
+  reply.remote = p->remote;
+  reply.delivered_messages = sw.local_count;
+  reply.epoch = epoch;
+  reply.target_path = target;
+  send_to_peer(*p, reply);
+  finish_switch(*p);
+}
+
+// ------------------------------------------------------------------ re-arming a path
+
+void send_rearm(Protection& p, int path, bool is_reply) {
+  VirtualQp& v = *p.qp;
+  vf::Rearm message;
+  message.local = p.local;
+  message.remote = p.remote;
+  message.path = static_cast<std::uint8_t>(path);
+  message.qpn = v.path[path].qp->qp_num;
+  message.gid = v.path[path].gid;
+  message.psn = v.path[path].psn;
+  message.is_reply = is_reply;
+  send_to_peer(p, message);
+}
+
+bool port_active(int device, std::uint8_t port) {
+  return engine().devices[device].ports[port].state == IBV_PORT_ACTIVE;
+}
+
+bool connect_path(Protection& p, int path, std::uint32_t qpn, const Gid& gid, std::uint32_t psn) {
+  return path == kPrimary ? connect_primary(p, qpn, psn) : connect_standby(p, qpn, gid, psn, p.peer_mtu);
+}
+
+void path_restored(Protection& p, int path) {
+  VirtualQp& v = *p.qp;
+  v.path[path].connected = true;
+  v.path[path].failed = false;
+  p.rearm[path] = {};
+  if (!p.unprotected_reason.empty() && p.paired) {
+    VF_LOG_INFO("qp {}: protected again — the {} path is re-connected", v.vqpn, path_name(path));
+    p.unprotected_reason.clear();
+  }
+  if (path == kPrimary && v.active_path() == kStandby && engine().config.failback &&
+      !p.sw.in_progress) {
+    start_switch(p, kPrimary, FailoverReason::kFailback);
+  }
+}
+
+void handle_rearm(const vf::Rearm& message) {
+  Protection* p = protection_by_key(message.remote);
+  if (p == nullptr || message.path > 1) return;
+  VirtualQp& v = *p->qp;
+  const int path = message.path;
+  PhysicalPath& physical = v.path[path];
+  if (message.is_reply) {
+    if (!p->rearm[path].awaiting) return;
+    if (connect_path(*p, path, message.qpn, message.gid, message.psn)) {
+      path_restored(*p, path);
+    } else {
+      p->rearm[path].awaiting = false;
+    }
+    return;
+  }
+  // A request: ours too if our port is up and the path is idle.
+  if (v.active_path() == path || p->sw.in_progress) return;
+  if (!port_active(physical.device_index, physical.port)) return;
+  if (p->rearm[path].awaiting && p->peer.local == false && engine().token < p->peer.token) {
+    return;  // both asked at once: the larger token answers
+  }
+  const unsigned int access = path == kPrimary && (p->attrs.init_mask & IBV_QP_ACCESS_FLAGS)
+                                  ? p->attrs.init.qp_access_flags
+                                  : kFullAccess;
+  physical.psn = random_psn();
+  if (!to_reset_and_init(physical.qp, physical.port, access, path == kPrimary) ||
+      !connect_path(*p, path, message.qpn, message.gid, message.psn)) {
+    VF_LOG_WARN("qp {}: re-connecting the {} path failed", v.vqpn, path_name(path));
+    return;
+  }
+  send_rearm(*p, path, true);
+  path_restored(*p, path);
+}
+
+void maybe_rearm(Protection& p, int path) {
+  VirtualQp& v = *p.qp;
+  Rearm& rearm = p.rearm[path];
+  if (!rearm.needed || p.sw.in_progress || v.active_path() == path) return;
+  const PhysicalPath& physical = v.path[path];
+  if (!port_active(physical.device_index, physical.port)) return;
+  const std::uint64_t now = monotonic_ns();
+  if (rearm.awaiting && now - rearm.sent_ns < kRearmRetryNs) return;
+  const unsigned int access = path == kPrimary && (p.attrs.init_mask & IBV_QP_ACCESS_FLAGS)
+                                  ? p.attrs.init.qp_access_flags
+                                  : kFullAccess;
+  v.path[path].psn = random_psn();
+  if (!to_reset_and_init(v.path[path].qp, physical.port, access, path == kPrimary)) return;
+  rearm.awaiting = true;
+  rearm.sent_ns = now;
+  send_rearm(p, path, false);
+}
+
+// ------------------------------------------------------------------ events
+
+void on_port_change(int device, std::uint8_t port, ibv_port_state state) {
+  Engine& e = engine();
+  PortInfoState& info = e.devices[device].ports[port];
+  if (info.state == state) return;
+  const ibv_port_state before = info.state;
+  info.state = state;
+  ++info.changes;
+  VF_LOG_INFO("failover: port {}/{} is {} (was {})", e.devices[device].name, port,
+              port_state_name(state), port_state_name(before));
+  const bool down = state != IBV_PORT_ACTIVE;
+  for (auto& [key, p] : e.protections) {
+    VirtualQp& v = *p.qp;
+    for (int path = 0; path < kPathCount; ++path) {
+      if (v.path[path].device_index != device || v.path[path].port != port) continue;
+      if (down) {
+        v.path[path].failed = true;
+        if (v.active_path() == path && !p.sw.in_progress) {
+          start_switch(p, other_path(path), FailoverReason::kPortDown);
+        } else if (p.paired && v.active_path() != path) {
+          set_unprotected(p, fmt::format("its {} path's port {}/{} is down; running on the {} "
+                                         "path alone",
+                                         path_name(path), e.devices[device].name, port,
+                                         path_name(v.active_path())));
+        }
+      } else if (p.paired && v.active_path() != path) {
+        if (!p.rearm[path].needed && v.path[path].connected) {
+          // The port blinked while the path idled: its QP may be in error; re-arm it anyway.
+          p.rearm[path].needed = true;
+        }
+        maybe_rearm(p, path);
+      }
+    }
+  }
+}
+
+void on_device_event(int device) {
+  Engine& e = engine();
+  ibv_async_event event{};
+  if (e.verbs.get_async_event(e.devices[device].context, &event) != 0) return;
+  switch (event.event_type) {
+    case IBV_EVENT_PORT_ERR:
+    case IBV_EVENT_PORT_ACTIVE: {
+      const int port = event.element.port_num;
+      if (port >= 1 && port <= e.devices[device].port_count) {
+        ibv_port_attr attr{};
+        ibv_port_state state = event.event_type == IBV_EVENT_PORT_ERR ? IBV_PORT_DOWN
+                                                                      : IBV_PORT_ACTIVE;
+        if (ibv_query_port(e.devices[device].context, static_cast<std::uint8_t>(port), &attr) == 0) {
+          state = attr.state;
+        }
+        on_port_change(device, static_cast<std::uint8_t>(port), state);
+      }
+      break;
+    }
+    case IBV_EVENT_QP_FATAL:
+    case IBV_EVENT_QP_REQ_ERR:
+    case IBV_EVENT_QP_ACCESS_ERR:
+      // A standby QP of ours failed: that path needs re-arming before it can carry traffic.
+      for (auto& [key, p] : e.protections) {
+        if (p.qp->path[kStandby].qp == event.element.qp) {
+          p.qp->path[kStandby].failed = true;
+          if (p.qp->active_path() == kStandby) start_switch(p, kPrimary, FailoverReason::kErrorCompletion);
+        }
+      }
+      break;
+    default:
+      break;
+  }
+  e.verbs.ack_async_event(&event);
+}
+
+void process_message(const PeerRef& from, std::uint64_t session, ControlMessage& message) {
+  if (auto* m = std::get_if<PairRequest>(&message)) return handle_pair_request(from, session, *m);
+  if (auto* m = std::get_if<PairReply>(&message)) return handle_pair_reply(from, session, *m);
+  if (auto* m = std::get_if<PairRefused>(&message)) return handle_pair_refused(*m);
+  if (auto* m = std::get_if<MrUpdate>(&message)) {
+    if (!from.local) learn_translations(peer_index(from.token), m->registrations);
+    return;
+  }
+  if (auto* m = std::get_if<MrQuery>(&message)) {
+    Engine& e = engine();
+    MrUpdate update;
+    for (const auto& [mr, record] : e.mrs) {
+      if (mr->rkey == m->primary_rkey && record->shadow != nullptr) {
+        update.registrations.push_back({reinterpret_cast<std::uintptr_t>(mr->addr), mr->length,
+                                        mr->rkey, record->shadow->rkey});
+      }
+    }
+    if (!from.local) e.channel.send(session, update);
+    return;
+  }
+  if (auto* m = std::get_if<FailoverRequest>(&message)) {
+    return handle_failover(m->remote, m->delivered_messages, m->epoch, m->target_path, true,
+                           static_cast<FailoverReason>(m->reason));
+  }
+  if (auto* m = std::get_if<FailoverReply>(&message)) {
+    return handle_failover(m->remote, m->delivered_messages, m->epoch, m->target_path, false,
+                           FailoverReason::kPeerRequest);
+  }
+  if (auto* m = std::get_if<vf::Rearm>(&message)) return handle_rearm(*m);
+}
+
+// Connections opened to a peer's first-contact address (a rail) are doubled by one to the first
+// address it advertises (management first), so the channel outlives the rail.
+void on_hello(ControlSession& session) {
+  Engine& e = engine();
+  if (!session.outgoing || session.peer.addresses.empty()) return;
+  const std::uint32_t best = session.peer.addresses.front();
+  if (best == session.remote_address) return;
+  if (e.channel.find_by_endpoint(best, session.peer.port) != nullptr) return;
+  std::string error;
+  const std::uint16_t port = session.peer.port;
+  if (e.channel.connect(best, port, kConnectTimeoutMs, error) == 0) {
+    VF_LOG_DEBUG("control: no second session to {}:{} ({})", ipv4_text(best), port, error);
+  }
+}
+
+void periodic_work() {
+  Engine& e = engine();
+  const std::uint64_t now = monotonic_ns();
+  for (auto& [key, p] : e.protections) {
+    VirtualQp& v = *p.qp;
+    if (v.link_error_seen.load(std::memory_order_relaxed) && !p.sw.in_progress) {
+      v.path[v.active_path()].failed = true;
+      start_switch(p, other_path(v.active_path()), FailoverReason::kErrorCompletion);
+      v.link_error_seen.store(false);
+    }
+    if (p.pairing && p.awaiting_session != 0 && now - p.awaiting_since_ns > kPairingAnswerTimeoutNs) {
+      p.awaiting_session = 0;
+      try_next_candidate(p);
+    }
+    if (p.pairing && p.awaiting_session == 0 && p.retry_at_ns != 0 && now >= p.retry_at_ns) {
+      p.retry_at_ns = 0;
+      try_next_candidate(p);
+    }
+    if (v.translation_missing.exchange(false)) {
+      // Ask the peer for what we miss, then try again (the answer arrives as an MrUpdate).
+      v.lock().lock();
+      v.send_ring().for_each_from(v.next_send_to_post(), [&](const SendRecord& record) {
+        std::uint32_t ignored = 0;
+        const std::uint32_t rkey = record.wr.opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
+                                           record.wr.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD
+                                       ? record.wr.wr.atomic.rkey
+                                       : record.wr.wr.rdma.rkey;
+        if (!translate_rkey(v.peer, rkey, &ignored) && !p.peer.local) {
+          send_to_peer(p, MrQuery{rkey});
+        }
+        return false;
+      });
+      v.lock().unlock();
+    }
+    if (!v.holding() && v.mode() == PostMode::kRouted) {
+      v.lock().lock();
+      v.post_pending();
+      v.lock().unlock();
+    }
+    for (int path = 0; path < kPathCount; ++path) maybe_rearm(p, path);
+    if (p.pending_event != UINT32_MAX) {
+      const std::uint64_t resumed = v.counters.resumed_unix_ns.load();
+      if (resumed != 0 && !v.awaiting_resume.load()) {
+        SwitchEvent& event = p.events[p.pending_event];
+        event.resumed_unix_ns = resumed;
+        VF_LOG_INFO("qp {}: traffic resumed on the {} path {:.3f} ms after the {} was detected",
+                    v.vqpn, event.to,
+                    static_cast<double>(resumed - event.detected_unix_ns) / 1e6, event.reason);
+        p.pending_event = UINT32_MAX;
+        v.counters.resumed_unix_ns.store(0);
+      }
+    }
+  }
+}
+
+bool has_pending_work() {
+  Engine& e = engine();
+  for (auto& [key, p] : e.protections) {
+    if (p.pairing || p.pending_event != UINT32_MAX || p.rearm[0].needed || p.rearm[1].needed ||
+        p.sw.in_progress || p.qp->translation_missing.load()) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void handle_shadow_channel(ChannelState& channel) {
+  ibv_cq* cq = nullptr;
+  void* context = nullptr;
+  Engine& e = engine();
+  if (e.verbs.get_cq_event(channel.shadow_channel, &cq, &context) != 0) return;
+  e.verbs.ack_cq_events(cq, 1);
+  for (CqState* state : channel.cqs) {
+    if (state->shadow == cq) {
+      state->shadow_events_pending.fetch_add(1);
+      // Keep the shadow armed: the application re-arms its CQ, which we cannot see per shadow.
+      ibv_req_notify_cq(cq, 0);
+    }
+  }
+  eventfd_write(channel.wake_fd, 1);
+}
+
+void run_engine() {
+  Engine& e = engine();
+  std::vector<pollfd> fds;
+  for (;;) {
+    fds.clear();
+    std::size_t device_first = 0, channel_first = 0, comp_first = 0;
+    std::vector<ChannelState*> comp_channels;
+    {
+      std::lock_guard lock(e.mutex);
+      fds.push_back({e.wake_fd, POLLIN, 0});
+      device_first = fds.size();
+      for (int i = 0; i < e.device_count; ++i) fds.push_back({e.devices[i].context->async_fd, POLLIN, 0});
+      comp_first = fds.size();
+      for (auto& [ptr, channel] : e.channels) {
+        if (channel.shadow_channel == nullptr) continue;
+        fds.push_back({channel.shadow_channel->fd, POLLIN, 0});
+        comp_channels.push_back(&channel);
+      }
+      channel_first = fds.size();
+      e.channel.collect(fds);
+    }
+    int timeout_ms = -1;
+    {
+      std::lock_guard lock(e.mutex);
+      if (has_pending_work() || !e.local_inbox.empty()) timeout_ms = 20;
+      if (e.config.stats_interval_s > 0) {
+        const std::uint64_t now = monotonic_ns();
+        const int until_stats = e.next_stats_ns > now
+                                    ? static_cast<int>((e.next_stats_ns - now) / 1000000) + 1
+                                    : 0;
+        timeout_ms = timeout_ms < 0 ? until_stats : std::min(timeout_ms, until_stats);
+      }
+    }
+    if (::poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) {
+      VF_LOG_ERROR("failover: the engine's poll failed ({}); failover is off", strerror(errno));
+      return;
+    }
+    bool write_stats_now = false;
+    {
+      std::lock_guard lock(e.mutex);
+      if (fds[0].revents & POLLIN) {
+        eventfd_t ignored = 0;
+        eventfd_read(e.wake_fd, &ignored);
+      }
+      for (std::size_t k = device_first; k < comp_first; ++k) {
+        if (fds[k].revents & POLLIN) on_device_event(static_cast<int>(k - device_first));
+      }
+      for (std::size_t k = comp_first; k < channel_first; ++k) {
+        if (fds[k].revents & POLLIN) handle_shadow_channel(*comp_channels[k - comp_first]);
+      }
+      e.channel.handle(
+          fds, channel_first,
+          [&](ControlSession& session, ControlMessage& message) {
+            if (std::holds_alternative<Hello>(message)) return on_hello(session);
+            PeerRef from;
+            from.token = session.peer.process_token;
+            from.addresses = session.peer.addresses;
+            from.port = session.peer.port;
+            from.pid = session.peer.pid;
+            from.session = session.id;
+            process_message(from, session.id, message);
+          },
+          [&](const ControlSession& closed) {
+            VF_LOG_DEBUG("control: session with {}:{} closed", ipv4_text(closed.remote_address),
+                         closed.remote_port);
+            for (auto& [key, p] : e.protections) {
+              if (p.pairing && p.awaiting_session == closed.id) {
+                p.awaiting_session = 0;
+                try_next_candidate(p);
+              }
+            }
+          });
+      while (!e.local_inbox.empty()) {
+        auto inbox = std::move(e.local_inbox);
+        e.local_inbox.clear();
+        PeerRef self;
+        self.local = true;
+        for (auto& [ignored, message] : inbox) process_message(self, 0, message);
+      }
+      periodic_work();
+      if (e.config.stats_interval_s > 0 && monotonic_ns() >= e.next_stats_ns) {
+        e.next_stats_ns = monotonic_ns() + static_cast<std::uint64_t>(e.config.stats_interval_s * 1e9);
+        write_stats_now = true;
+      }
+    }
+    if (write_stats_now) FailoverEngine::instance().write_stats("interval");
+  }
+}
+
+void write_stats_at_exit() { FailoverEngine::instance().write_stats("exit"); }
+
+bool start_engine() {
+  Engine& e = engine();
+  if (e.started) return true;
+  if (e.start_failed) return false;
+  e.started = true;
+  discover_devices();
+  e.token = (static_cast<std::uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}() ^
+            static_cast<std::uint64_t>(::getpid());
+  e.wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  std::string error;
+  if (!e.channel.listen(e.config.ctrl_port_first, e.config.ctrl_port_last, error)) {
+    VF_LOG_WARN("failover: control channel unavailable ({}); QPs of peers that contact us cannot "
+                "pair",
+                error);
+  }
+  std::vector<std::uint32_t> rails;
+  for (int i = 0; i < e.device_count; ++i) {
+    for (std::uint8_t port = 1; port <= e.devices[i].port_count; ++port) {
+      Gid gid{};
+      standby_gid_index(i, port, &gid);
+      if (const std::uint32_t address = ipv4_of_gid(gid)) rails.push_back(address);
+    }
+  }
+  Hello hello;
+  hello.process_token = e.token;
+  hello.pid = static_cast<std::uint32_t>(::getpid());
+  hello.port = e.channel.port();
+  hello.addresses = local_ipv4_addresses(rails);
+  if (hello.addresses.size() > kMaxAddresses) hello.addresses.resize(kMaxAddresses);
+  e.channel.set_hello(hello);
+  DatapathServices services;
+  services.translate_lkey = translate_lkey;
+  services.translate_rkey = translate_rkey;
+  services.wake_engine = wake_engine;
+  services.find_by_qpn = find_by_qpn;
+  set_datapath_services(services);
+  if (e.config.stats_interval_s > 0) {
+    e.next_stats_ns = monotonic_ns() + static_cast<std::uint64_t>(e.config.stats_interval_s * 1e9);
+  }
+  try {
+    std::thread(run_engine).detach();
+  } catch (const std::system_error& failure) {
+    VF_LOG_WARN("failover: cannot start the engine thread ({}); running unprotected",
+                failure.what());
+    e.start_failed = true;
+    return false;
+  }
+  if (!e.config.stats_file.empty()) atexit(write_stats_at_exit);
+  VF_LOG_DEBUG("failover: engine started, control port {}", e.channel.port());
+  return true;
+}
+
+ShadowPd* shadow_pd_for(ibv_pd* app_pd, int backup_device) {
+  Engine& e = engine();
+  auto key = std::make_pair(app_pd, backup_device);
+  auto it = e.shadow_pds.find(key);
+  if (it != e.shadow_pds.end()) return &it->second;
+  ibv_pd* shadow = e.verbs.alloc_pd(e.devices[backup_device].context);
+  if (shadow == nullptr) return nullptr;
+  return &(e.shadow_pds[key] = ShadowPd{shadow, backup_device});
+}
+
+bool mirror_mr(MrRecord& record, ibv_pd* app_pd, void* addr, std::size_t length,
+               std::uint64_t iova, unsigned int access, int dmabuf_fd,
+               std::uint64_t dmabuf_offset) {
+  Engine& e = engine();
+  const int backup = e.devices[record.device].ports[1].backup_device;
+  if (backup < 0) return false;
+  ShadowPd* pd = shadow_pd_for(app_pd, backup);
+  if (pd == nullptr) return false;
+  if (dmabuf_fd >= 0) {
+    record.shadow = e.verbs.reg_dmabuf_mr != nullptr
+                        ? e.verbs.reg_dmabuf_mr(pd->shadow, dmabuf_offset, length, iova,
+                                                dmabuf_fd, static_cast<int>(access))
+                        : nullptr;
+  } else {
+    record.shadow = e.verbs.reg_mr_iova2(pd->shadow, addr, length, iova, access);
+  }
+  if (record.shadow == nullptr) {
+    VF_LOG_WARN("failover: mirroring a registration of {} bytes on {} failed ({}); QPs using it "
+                "cannot be replayed there",
+                length, e.devices[backup].name, strerror(errno));
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+// ==================================================================== public interface
+
+FailoverEngine& FailoverEngine::instance() {
+  static FailoverEngine engine_interface;
+  return engine_interface;
+}
+
+void FailoverEngine::configure(const Config& config, const VerbsApi& verbs, std::string program) {
+  Engine& e = engine();
+  std::lock_guard lock(e.mutex);
+  e.config = config;
+  e.verbs = verbs;
+  e.program = std::move(program);
+  e.configured = true;
+}
+
+bool FailoverEngine::running() const { return engine().started && !engine().start_failed; }
+
+void FailoverEngine::on_device_opened(ibv_context* /*context*/) {
+  Engine& e = engine();
+  std::lock_guard lock(e.mutex);
+  if (!e.configured) return;
+  start_engine();
+}
+
+VirtualQp* FailoverEngine::virtual_qp(const ibv_qp* qp) const { return qps_by_address().find(qp); }
+CqState* FailoverEngine::cq_state(const ibv_cq* cq) const { return cqs_by_address().find(cq); }
+
+void FailoverEngine::on_cq_created(ibv_cq* cq, ibv_comp_channel* channel) {
+  Engine& e = engine();
+  std::lock_guard lock(e.mutex);
+  if (!running() || cq == nullptr) return;
+  const int device = device_of_context(cq->context);
+  if (device < 0) return;
+  const ibv_context_ops* ops = e.verbs.provider_ops(cq->context);
+  auto state = std::make_unique<CqState>(cq, device, ops,
+                                         static_cast<std::uint32_t>(2 * cq->cqe + 64));
+  state->app_channel = channel;
+  if (!cqs_by_address().insert(cq, state.get())) return;
+  e.cqs[cq] = std::move(state);
+}
+
+void FailoverEngine::on_cq_destroy(ibv_cq* cq) {
+  Engine& e = engine();
+  std::lock_guard lock(e.mutex);
+  auto it = e.cqs.find(cq);
+  if (it == e.cqs.end()) return;
+  CqState* state = it->second.get();
+  cqs_by_address().erase(cq);
+  state->lock.lock();  // no poller is inside any more
+  state->lock.unlock();
+  if (state->shadow != nullptr) e.verbs.destroy_cq(state->shadow);
+  for (auto& [ptr, channel] : e.channels) {
+    std::erase(channel.cqs, state);
+  }
+  // The record itself stays: a thread that read the registry just before the erase may still
+  // hold it (CQ destruction is rare; the few bytes are not worth a use-after-free).
+  it->second.release();
+  e.cqs.erase(it);
+}
+
+void FailoverEngine::on_pd_destroy(ibv_pd* pd) {
+  Engine& e = engine();
+  std::lock_guard lock(e.mutex);
+  for (auto it = e.shadow_pds.begin(); it != e.shadow_pds.end();) {
+    if (it->first.first == pd) {
+      e.verbs.dealloc_pd(it->second.shadow);
+      it = e.shadow_pds.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+namespace {
+
+// The shadow CQ of an application CQ on the backup device (with a shadow completion channel
+// when the application's CQ has one).
+bool ensure_shadow(CqState& state, int backup_device) {
+  Engine& e = engine();
+  if (state.shadow != nullptr) return state.shadow_device_index == backup_device;
+  ibv_comp_channel* shadow_channel = nullptr;
+  if (state.app_channel != nullptr) {
+    ChannelState& channel = e.channels[state.app_channel];
+    if (channel.app_channel == nullptr) {
+      channel.app_channel = state.app_channel;
+      channel.wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    }
+    if (channel.shadow_channel == nullptr) {
+      channel.shadow_channel = e.verbs.create_comp_channel(e.devices[backup_device].context);
+      if (channel.shadow_channel == nullptr) return false;
+      wake_engine();
+    }
+    shadow_channel = channel.shadow_channel;
+    channel.cqs.push_back(&state);
+    state.wake_fd = channel.wake_fd;
+  }
+  state.shadow = e.verbs.create_cq(e.devices[backup_device].context, state.app_cq->cqe, nullptr,
+                                   shadow_channel, 0);
+  if (state.shadow == nullptr) return false;
+  state.shadow_device_index = backup_device;
+  state.shadow_channel = shadow_channel;
+  if (shadow_channel != nullptr) ibv_req_notify_cq(state.shadow, 0);
+  return true;
+}
+
+}  // namespace
+
+void FailoverEngine::on_qp_created(ibv_qp* qp, const ibv_qp_init_attr_ex& attr) {
+  Engine& e = engine();
+  std::lock_guard lock(e.mutex);
+  if (!running() || qp == nullptr) return;
+  auto pass_through = [&](std::string reason, bool info) {
+    if (info) {
+      VF_LOG_INFO("qp {}: not protected — {}", qp->qp_num, reason);
+    } else {
+      VF_LOG_WARN("qp {}: unprotected — {}", qp->qp_num, reason);
+    }
+    e.unprotected.emplace_back(qp->qp_num, std::move(reason));
+  };
+  if (attr.qp_type != IBV_QPT_RC) {
+    return pass_through(fmt::format("type {} passes through (only RC QPs are protected)",
+                                    static_cast<int>(attr.qp_type)),
+                        true);
+  }
+  if (attr.srq != nullptr) return pass_through("QPs on a shared receive queue are not protected yet", false);
+  const int device = device_of_context(qp->context);
+  if (device < 0) return pass_through("its device is unknown to the engine", false);
+  const Device& d = e.devices[device];
+  const int backup = d.ports[1].backup_device;
+  if (backup < 0) return pass_through(fmt::format("{} has no backup device", d.name), false);
+  auto send_it = e.cqs.find(attr.send_cq);
+  auto recv_it = e.cqs.find(attr.recv_cq);
+  if (send_it == e.cqs.end() || recv_it == e.cqs.end()) {
+    return pass_through("its CQ was created before the shim's engine started", false);
+  }
+  CqState* send_cq = send_it->second.get();
+  CqState* recv_cq = recv_it->second.get();
+  if (!ensure_shadow(*send_cq, backup) || !ensure_shadow(*recv_cq, backup)) {
+    return pass_through("no shadow CQ on the backup device", false);
+  }
+  ShadowPd* pd = shadow_pd_for(attr.pd, backup);
+  if (pd == nullptr) return pass_through("no shadow PD on the backup device", false);
+  // The provider may have raised the capabilities: the ring must hold what the QP can.
+  ibv_qp_init_attr actual{};
+  ibv_qp_attr ignored{};
+  ibv_qp_cap cap = attr.cap;
+  if (e.verbs.query_qp(qp, &ignored, IBV_QP_CAP, &actual) == 0) cap = actual.cap;
+  ibv_qp_init_attr standby_attr{};
+  standby_attr.send_cq = send_cq->shadow;
+  standby_attr.recv_cq = recv_cq->shadow;
+  standby_attr.qp_type = IBV_QPT_RC;
+  standby_attr.sq_sig_all = attr.sq_sig_all;
+  standby_attr.cap = cap;
+  ibv_qp* standby = e.verbs.create_qp(pd->shadow, &standby_attr);
+  if (standby == nullptr) {
+    return pass_through(fmt::format("creating its standby QP on {} failed ({})",
+                                    e.devices[backup].name, strerror(errno)),
+                        false);
+  }
+  auto virtual_qp = std::make_unique<VirtualQp>(qp, e.verbs.provider_ops(qp->context), cap,
+                                                attr.sq_sig_all != 0, send_cq, recv_cq);
+  VirtualQp* v = virtual_qp.get();
+  v->path[kPrimary].qp = qp;
+  v->path[kPrimary].device_index = device;
+  v->path[kPrimary].port = 1;
+  v->path[kStandby].qp = standby;
+  v->path[kStandby].device_index = backup;
+  v->path[kStandby].port = d.ports[1].backup_port;
+  v->path[kStandby].gid_index = standby_gid_index(backup, v->path[kStandby].port, &v->path[kStandby].gid);
+  v->path[kStandby].psn = random_psn();
+  if (!to_reset_and_init(standby, v->path[kStandby].port, kFullAccess, false)) {
+    e.verbs.destroy_qp(standby);
+    return pass_through("its standby QP does not reach INIT", false);
+  }
+  Protection& p = e.protections[v];
+  p.qp = std::move(virtual_qp);
+  p.app_pd = attr.pd;
+  p.unprotected_reason = "not paired yet (the application has not connected it)";
+  qps_by_qpn().insert(key_of(qpn_key(device, qp->qp_num)), v);
+  qps_by_qpn().insert(key_of(qpn_key(backup, standby->qp_num)), v);
+  qps_by_address().insert(qp, v);
+  VF_LOG_DEBUG("qp {}: standby qp {} created on {}/{}", qp->qp_num, standby->qp_num,
+               e.devices[backup].name, v->path[kStandby].port);
+}
+
+int FailoverEngine::modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask,
+                              int (*real)(ibv_qp*, ibv_qp_attr*, int)) {
+  VirtualQp* v = virtual_qp(qp);
+  if (v == nullptr || attr == nullptr) return real(qp, attr, mask);
+  Engine& e = engine();
+  std::lock_guard lock(e.mutex);
+  auto it = e.protections.find(v);
+  if (it == e.protections.end()) return real(qp, attr, mask);
+  Protection& p = it->second;
+  ibv_qp_attr adjusted = *attr;
+  if ((mask & IBV_QP_TIMEOUT) && (adjusted.timeout == 0 || adjusted.timeout > e.config.qp_timeout)) {
+    VF_LOG_DEBUG("qp {}: transport timeout {} -> {} (VERBS_FAILOVER_QP_TIMEOUT)", qp->qp_num,
+                 adjusted.timeout, e.config.qp_timeout);
+    adjusted.timeout = e.config.qp_timeout;
+  }
+  const int result = real(qp, &adjusted, mask);
+  if (result != 0 || !(mask & IBV_QP_STATE)) return result;
+  switch (attr->qp_state) {
+    case IBV_QPS_INIT:
+      p.attrs.init = adjusted;
+      p.attrs.init_mask = mask & ~IBV_QP_STATE;
+      p.attrs.have_init = true;
+      if (mask & IBV_QP_PORT) v->path[kPrimary].port = attr->port_num;
+      break;
+    case IBV_QPS_RTR: {
+      p.attrs.rtr = adjusted;
+      p.attrs.rtr_mask = mask & ~IBV_QP_STATE;
+      p.attrs.have_rtr = true;
+      ibv_gid gid{};
+      const int gid_index = (mask & IBV_QP_AV) && attr->ah_attr.is_global ? attr->ah_attr.grh.sgid_index : 0;
+      if (e.verbs.query_gid(e.devices[v->path[kPrimary].device_index].context,
+                            v->path[kPrimary].port, gid_index, &gid) == 0) {
+        v->path[kPrimary].gid = gid_of(gid);
+        v->path[kPrimary].gid_index = gid_index;
+      }
+      p.local = QpKey{qp->qp_num, v->path[kPrimary].gid};
+      if (mask & IBV_QP_DEST_QPN) {
+        p.remote = QpKey{attr->dest_qp_num, (mask & IBV_QP_AV) && attr->ah_attr.is_global
+                                                ? gid_of(attr->ah_attr.grh.dgid)
+                                                : Gid{}};
+        p.remote_known = true;
+      }
+      if (mask & IBV_QP_RQ_PSN) {
+        // nothing: the application's PSNs stay its own until a re-arm picks fresh ones
+      }
+      if (!p.paired && !p.pairing && p.remote_known) start_pairing(p);
+      wake_engine();
+      break;
+    }
+    case IBV_QPS_RTS:
+      p.attrs.rts = adjusted;
+      p.attrs.rts_mask = mask & ~IBV_QP_STATE;
+      p.attrs.have_rts = true;
+      if (mask & IBV_QP_SQ_PSN) v->path[kPrimary].psn = attr->sq_psn;
+      break;
+    case IBV_QPS_ERR:
+    case IBV_QPS_RESET:
+    case IBV_QPS_SQD:
+    case IBV_QPS_SQE:
+      // The application tears the QP down (or drives it itself): it gets what it asks for.
+      v->application_failed.store(true);
+      if (v->active_path() == kPrimary && !p.sw.in_progress) {
+        v->lock().lock();
+        v->set_mode(PostMode::kBypass);
+        v->lock().unlock();
+      }
+      p.pairing = false;
+      break;
+    default:
+      break;
+  }
+  return result;
+}
+
+void FailoverEngine::on_qp_queried(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
+  VirtualQp* v = virtual_qp(qp);
+  if (v == nullptr || attr == nullptr || v->application_failed.load()) return;
+  (void)mask;
+  if (qp->state == IBV_QPS_RTS) {
+    attr->qp_state = IBV_QPS_RTS;
+    attr->cur_qp_state = IBV_QPS_RTS;
+  }
+}
+
+void FailoverEngine::on_qp_destroy(ibv_qp* qp) {
+  Engine& e = engine();
+  std::lock_guard lock(e.mutex);
+  VirtualQp* v = virtual_qp(qp);
+  if (v == nullptr) return;
+  auto it = e.protections.find(v);
+  if (it == e.protections.end()) return;
+  qps_by_address().erase(qp);
+  qps_by_qpn().erase(key_of(qpn_key(v->path[kPrimary].device_index, qp->qp_num)));
+  if (v->path[kStandby].qp != nullptr) {
+    qps_by_qpn().erase(key_of(qpn_key(v->path[kStandby].device_index, v->path[kStandby].qp->qp_num)));
+  }
+  // A poller that found the record before the erase is done with it once it lets go of the CQ.
+  v->send_cq->lock.lock();
+  v->send_cq->lock.unlock();
+  v->recv_cq->lock.lock();
+  v->recv_cq->lock.unlock();
+  if (v->path[kStandby].qp != nullptr) e.verbs.destroy_qp(v->path[kStandby].qp);
+  // Keep the stats of a QP that existed (the file reports every QP of the run).
+  Protection& p = it->second;
+  p.qp->path[kStandby].qp = nullptr;
+  p.pairing = false;
+  p.sw.in_progress = false;
+  p.rearm[0] = {};
+  p.rearm[1] = {};
+  p.local = QpKey{};  // no longer matches a peer's message
+}
+
+void FailoverEngine::on_mr_registered(ibv_mr* mr, void* addr, std::size_t length,
+                                      std::uint64_t iova, unsigned int access, int dmabuf_fd,
+                                      std::uint64_t dmabuf_offset) {
+  Engine& e = engine();
+  std::lock_guard lock(e.mutex);
+  if (!running() || mr == nullptr) return;
+  const int device = device_of_context(mr->context);
+  if (device < 0 || e.devices[device].ports[1].backup_device < 0) return;
+  auto record = std::make_unique<MrRecord>();
+  record->app_mr = mr;
+  record->device = device;
+  if (!mirror_mr(*record, mr->pd, addr, length, iova, access, dmabuf_fd, dmabuf_offset)) return;
+  put_key(lkeys(), lkey_key(device, mr->lkey), record->shadow->lkey);
+  put_key(rkeys(), rkey_key(0, mr->rkey), record->shadow->rkey);  // for peers in this process
+  const MrTranslation translation{reinterpret_cast<std::uintptr_t>(addr), length, mr->rkey,
+                                  record->shadow->rkey};
+  e.mrs[mr] = std::move(record);
+  // Peers already paired learn it now (those pairing later get the table in the pairing).
+  std::vector<std::uint64_t> told;
+  for (auto& [key, p] : e.protections) {
+    if (!p.paired || p.peer.local || std::find(told.begin(), told.end(), p.peer.token) != told.end()) {
+      continue;
+    }
+    told.push_back(p.peer.token);
+    send_to_peer(p, MrUpdate{{translation}});
+  }
+}
+
+void FailoverEngine::on_mr_deregister(ibv_mr* mr) {
+  Engine& e = engine();
+  std::lock_guard lock(e.mutex);
+  auto it = e.mrs.find(mr);
+  if (it == e.mrs.end()) return;
+  erase_key(lkeys(), lkey_key(it->second->device, mr->lkey));
+  erase_key(rkeys(), rkey_key(0, mr->rkey));
+  std::vector<std::uint64_t> told;
+  for (auto& [key, p] : e.protections) {
+    if (!p.paired || p.peer.local || std::find(told.begin(), told.end(), p.peer.token) != told.end()) {
+      continue;
+    }
+    told.push_back(p.peer.token);
+    send_to_peer(p, MrUpdate{{MrTranslation{0, 0, mr->rkey, 0}}});
+  }
+  if (it->second->shadow != nullptr) e.verbs.dereg_mr(it->second->shadow);
+  e.mrs.erase(it);
+}
+
+bool FailoverEngine::hide_async_event(ibv_context* context, const ibv_async_event& event) {
+  Engine& e = engine();
+  if (!running()) return false;
+  std::lock_guard lock(e.mutex);
+  const int device = device_of_context(context);
+  if (device < 0) return false;
+  switch (event.event_type) {
+    case IBV_EVENT_PORT_ERR:
+    case IBV_EVENT_PORT_ACTIVE: {
+      const int port = event.element.port_num;
+      if (port < 1 || port > e.devices[device].port_count) return false;
+      PortInfoState& info = e.devices[device].ports[port];
+      if (info.backup_device < 0) return false;
+      info.hidden_async_events.fetch_add(1);
+      VF_LOG_INFO("failover: hid {} of {}/{} from the application", e.verbs.event_type_str(event.event_type),
+                  e.devices[device].name, port);
+      return true;
+    }
+    case IBV_EVENT_QP_FATAL:
+    case IBV_EVENT_QP_REQ_ERR:
+    case IBV_EVENT_COMM_EST:
+    case IBV_EVENT_SQ_DRAINED:
+    case IBV_EVENT_PATH_MIG:
+    case IBV_EVENT_PATH_MIG_ERR: {
+      VirtualQp* v = virtual_qp(event.element.qp);
+      if (v == nullptr) return false;
+      auto it = e.protections.find(v);
+      if (it == e.protections.end()) return false;
+      Protection& p = it->second;
+      if (event.event_type == IBV_EVENT_COMM_EST) return false;
+      if (v->application_failed.load()) return false;
+      const bool switching_or_moved = p.sw.in_progress || v->active_path() != kPrimary;
+      const bool can_move = can_switch_to(p, kStandby);
+      if (!switching_or_moved && !can_move) return false;
+      v->counters.hidden_async_events.fetch_add(1);
+      if (!switching_or_moved) v->link_error_seen.store(true);
+      wake_engine();
+      return true;
+    }
+    case IBV_EVENT_CQ_ERR: {
+      // An overrun caused by the flush of a switched QP is the shim's doing, not the app's.
+      return false;
+    }
+    default:
+      return false;
+  }
+}
+
+int FailoverEngine::get_cq_event(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context) {
+  Engine& e = engine();
+  int wake_fd = -1;
+  std::vector<CqState*> cqs;
+  {
+    std::lock_guard lock(e.mutex);
+    auto it = e.channels.find(channel);
+    if (it == e.channels.end() || it->second.shadow_channel == nullptr) return -2;
+    wake_fd = it->second.wake_fd;
+    cqs = it->second.cqs;
+  }
+  for (;;) {
+    for (CqState* state : cqs) {
+      std::uint32_t pending = state->shadow_events_pending.load();
+      while (pending > 0 &&
+             !state->shadow_events_pending.compare_exchange_weak(pending, pending - 1)) {
+      }
+      if (pending > 0) {
+        state->shadow_events_unacked.fetch_add(1);
+        *cq = state->app_cq;
+        *cq_context = state->app_cq->cq_context;
+        return 0;
+      }
+    }
+    pollfd fds[2] = {{channel->fd, POLLIN, 0}, {wake_fd, POLLIN, 0}};
+    const bool blocking = !(fcntl(channel->fd, F_GETFL) & O_NONBLOCK);
+    const int ready = ::poll(fds, 2, blocking ? -1 : 0);
+    if (ready < 0 && errno == EINTR) continue;
+    if (fds[1].revents & POLLIN) {
+      eventfd_t ignored = 0;
+      eventfd_read(wake_fd, &ignored);
+      continue;
+    }
+    if (fds[0].revents & POLLIN || !blocking) return -2;  // the real event (or EAGAIN) is next
+  }
+}
+
+unsigned int FailoverEngine::ack_cq_events(ibv_cq* cq, unsigned int nevents) {
+  CqState* state = cq_state(cq);
+  if (state == nullptr) return nevents;
+  std::uint32_t unacked = state->shadow_events_unacked.load();
+  for (;;) {
+    const std::uint32_t take = std::min<std::uint32_t>(unacked, nevents);
+    if (state->shadow_events_unacked.compare_exchange_weak(unacked, unacked - take)) {
+      return nevents - take;
+    }
+  }
+}
+
+void FailoverEngine::on_req_notify(ibv_cq* cq, int solicited_only) {
+  CqState* state = cq_state(cq);
+  if (state == nullptr || state->shadow == nullptr || state->shadow_channel == nullptr) return;
+  ibv_req_notify_cq(state->shadow, solicited_only);
+}
+
+void FailoverEngine::write_stats(const char* reason) {
+  Engine& e = engine();
+  if (e.config.stats_file.empty()) return;
+  StatsSnapshot snapshot;
+  {
+    std::lock_guard lock(e.mutex);
+    snapshot.pid = static_cast<int>(::getpid());
+    snapshot.program = e.program;
+    snapshot.reason = reason;
+    snapshot.written_unix_ms = realtime_ns() / 1000000;
+    for (int i = 0; i < e.device_count; ++i) {
+      const Device& d = e.devices[i];
+      for (std::uint8_t port = 1; port <= d.port_count; ++port) {
+        DeviceStats stats;
+        stats.name = d.name;
+        stats.port = port;
+        stats.state = port_state_name(d.ports[port].state);
+        if (d.ports[port].backup_device >= 0) {
+          stats.backup = fmt::format("{}/{}", e.devices[d.ports[port].backup_device].name,
+                                     d.ports[port].backup_port);
+        }
+        stats.port_changes = d.ports[port].changes;
+        stats.hidden_async_events = d.ports[port].hidden_async_events.load();
+        snapshot.devices.push_back(stats);
+      }
+    }
+    for (auto& [key, p] : e.protections) {
+      const VirtualQp& v = *p.qp;
+      QpStats stats;
+      stats.qpn = v.vqpn;
+      stats.device = fmt::format("{}/{}", e.devices[v.path[kPrimary].device_index].name,
+                                 v.path[kPrimary].port);
+      stats.backup = fmt::format("{}/{}", e.devices[v.path[kStandby].device_index].name,
+                                 v.path[kStandby].port);
+      stats.is_protected = p.paired && p.unprotected_reason.empty();
+      stats.path = p.sw.in_progress ? "switching" : path_name(v.active_path());
+      stats.state = !p.paired                      ? (p.pairing ? "pairing" : "unpaired")
+                    : p.sw.in_progress             ? "switching"
+                    : !p.unprotected_reason.empty() ? "unprotected"
+                                                    : (v.active_path() == kPrimary ? "primary"
+                                                                                   : "standby");
+      stats.unprotected_reason = p.unprotected_reason;
+      stats.failovers = p.failovers;
+      stats.failbacks = p.failbacks;
+      stats.replayed_wrs = v.counters.replayed_wrs.load();
+      stats.hidden_error_completions = v.counters.hidden_error_completions.load();
+      stats.hidden_async_events = v.counters.hidden_async_events.load();
+      stats.synthesized_completions = v.counters.synthesized_completions.load();
+      stats.events = p.events;
+      if (p.pending_event != UINT32_MAX && v.counters.resumed_unix_ns.load() != 0) {
+        stats.events[p.pending_event].resumed_unix_ns = v.counters.resumed_unix_ns.load();
+      }
+      snapshot.qps.push_back(std::move(stats));
+    }
+    for (const auto& [qpn, why] : e.unprotected) {
+      QpStats stats;
+      stats.qpn = qpn;
+      stats.is_protected = false;
+      stats.path = "primary";
+      stats.state = "unprotected";
+      stats.unprotected_reason = why;
+      snapshot.qps.push_back(std::move(stats));
+    }
+  }
+  std::string error;
+  if (!write_file_atomically(e.config.stats_file, render_stats_json(snapshot), error)) {
+    VF_LOG_WARN("stats: {}", error);
+  }
+}
+
+void FailoverEngine::lock_for_fork() { engine().mutex.lock(); }
+void FailoverEngine::unlock_after_fork() { engine().mutex.unlock(); }
+
+void FailoverEngine::forget_after_fork() {
+  Engine& e = engine();
+  // The child inherits the mutex state of the fork()ing thread only (pthread_atfork runs this
+  // with it taken); the engine thread does not exist in the child.
+  e.channel.abandon();
+  e.started = false;
+  e.start_failed = true;  // the child runs unprotected (documented)
+  e.mutex.unlock();
+}
+
+}  // namespace vf

@@ -1,0 +1,70 @@
+// The control side of failover (docs/design.md §5): which device backs up which, the shadow
+// objects on the backup device (PD, MR, CQ, standby QP), pairing with the peer's shim over the
+// control channel, the switch protocol (drain, exchange delivered counts, replay), re-arming a
+// path that came back, failback, and the stats file. It runs on one thread of its own; the
+// shim's hooks call the on_* functions from the application's threads (control path only) and
+// reach the data path through the VirtualQp and CqState records it registers.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <cstdint>
+#include <string>
+
+#include "core/config.h"
+#include "core/verbs_api.h"
+#include "core/virtual_qp.h"
+
+namespace vf {
+
+class FailoverEngine {
+ public:
+  static FailoverEngine& instance();
+
+  // Once, at the shim's initialisation: nothing is opened or started until a device is.
+  void configure(const Config& config, const VerbsApi& verbs, std::string program);
+
+  // The application opened a device: the first call discovers every device, opens the engine's
+  // own contexts, chooses backups, starts the listener and the thread.
+  void on_device_opened(ibv_context* context);
+  void on_cq_created(ibv_cq* cq, ibv_comp_channel* channel);
+  // Before the provider destroys the CQ (its shadow goes first).
+  void on_cq_destroy(ibv_cq* cq);
+  void on_pd_destroy(ibv_pd* pd);
+  void on_qp_created(ibv_qp* qp, const ibv_qp_init_attr_ex& attr);
+  // The whole ibv_modify_qp of a QP: adjusts what the primary needs (a shorter transport
+  // timeout), calls `real`, and follows the QP's life (INIT, RTR: pairing starts; ERR: the
+  // application's own).
+  int modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask,
+                int (*real)(ibv_qp*, ibv_qp_attr*, int));
+  // After a successful ibv_query_qp: a protected QP reads RTS whatever its physical state.
+  void on_qp_queried(ibv_qp* qp, ibv_qp_attr* attr, int mask);
+  void on_qp_destroy(ibv_qp* qp);  // before the provider destroys it
+  void on_mr_registered(ibv_mr* mr, void* addr, std::size_t length, std::uint64_t iova,
+                        unsigned int access, int dmabuf_fd, std::uint64_t dmabuf_offset);
+  void on_mr_deregister(ibv_mr* mr);  // before the provider deregisters it
+  // Whether an async event the application is about to get must be hidden (a protected port's
+  // PORT_ERR/PORT_ACTIVE, a protected QP's fatal events). Counted.
+  bool hide_async_event(ibv_context* context, const ibv_async_event& event);
+
+  // Data-path lookups (lock-free).
+  VirtualQp* virtual_qp(const ibv_qp* qp) const;
+  CqState* cq_state(const ibv_cq* cq) const;
+
+  // ibv_get_cq_event on a channel with shadow CQs: waits on both, returns like the real one.
+  // Returns -2 when the channel is not the engine's business (the caller uses the real verb).
+  int get_cq_event(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context);
+  // ibv_ack_cq_events: how many of these belong to the real CQ (the rest were shadow events).
+  unsigned int ack_cq_events(ibv_cq* cq, unsigned int nevents);
+  // ibv_req_notify_cq: also arms the shadow.
+  void on_req_notify(ibv_cq* cq, int solicited_only);
+
+  void write_stats(const char* reason);
+  // fork(): the child has no engine thread and must not use the parent's objects.
+  void forget_after_fork();
+  void lock_for_fork();
+  void unlock_after_fork();
+  bool running() const;
+};
+
+}  // namespace vf

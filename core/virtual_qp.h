@@ -1,0 +1,233 @@
+// The virtual objects of failover (docs/design.md §5): a VirtualQp is the application's RC QP
+// seen as a pair of physical paths, a CqState is the application's CQ with its shadow on the
+// backup device. This header holds their state and the data-path operations (post, poll), which
+// run on the application's threads; the engine (failover_engine.cc) drives pairing and switching
+// from its own thread through the same locks.
+//
+// Locking: each VirtualQp and each CqState has its own SpinLock (never one shared by QPs). Order:
+// a CqState lock may be held while taking a VirtualQp lock, never the reverse.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+#include "core/control_message.h"
+#include "core/receive_ring.h"
+#include "core/retransmit_ring.h"
+#include "core/spin_lock.h"
+
+namespace vf {
+
+class VirtualQp;
+
+inline constexpr int kPathCount = 2;
+inline constexpr int kPrimary = static_cast<int>(PathId::kPrimary);
+inline constexpr int kStandby = static_cast<int>(PathId::kStandby);
+inline constexpr int other_path(int path) { return 1 - path; }
+
+// Completions held for the application ahead of its CQ: drained by the engine during a switch,
+// or synthesized for work the peer proved done. Fixed capacity, allocated with the CQ.
+class CompletionStash {
+ public:
+  explicit CompletionStash(std::uint32_t capacity) : slots_(capacity) {}
+  bool push(const ibv_wc& wc) {
+    if (count_ == slots_.size()) return false;
+    slots_[(head_ + count_) % slots_.size()] = wc;
+    ++count_;
+    return true;
+  }
+  int pop(int max, ibv_wc* out) {
+    int taken = 0;
+    while (taken < max && count_ > 0) {
+      out[taken++] = slots_[head_];
+      head_ = (head_ + 1) % slots_.size();
+      --count_;
+    }
+    return taken;
+  }
+  std::size_t size() const { return count_; }
+  std::size_t room() const { return slots_.size() - count_; }
+
+ private:
+  std::vector<ibv_wc> slots_;
+  std::size_t head_ = 0;
+  std::size_t count_ = 0;
+};
+
+struct CqState {
+  CqState(ibv_cq* cq, int device, const ibv_context_ops* ops, std::uint32_t stash_capacity)
+      : app_cq(cq), device_index(device), provider(ops), stash(stash_capacity) {}
+
+  ibv_cq* const app_cq;
+  const int device_index;
+  const ibv_context_ops* const provider;  // the provider's poll_cq/req_notify_cq of app_cq
+  ibv_comp_channel* app_channel = nullptr;
+
+  // The shadow on the backup device (created with the first protected QP that uses this CQ).
+  ibv_cq* shadow = nullptr;
+  int shadow_device_index = -1;
+  ibv_comp_channel* shadow_channel = nullptr;
+
+  SpinLock lock;
+  CompletionStash stash;                    // under lock
+  std::atomic<bool> stash_nonempty{false};  // hint read before taking the lock
+  std::atomic<bool> shadow_active{false};   // some QP's traffic runs on the shadow
+  std::atomic<bool> notify_armed{false};    // the application armed it: arm the shadow too
+  // Completion events of the shadow not yet handed to the application's channel, and those
+  // handed out and not yet acknowledged by it (ibv_ack_cq_events is split accordingly).
+  std::atomic<std::uint32_t> shadow_events_pending{0};
+  std::atomic<std::uint32_t> shadow_events_unacked{0};
+  int wake_fd = -1;  // eventfd of the application's channel record (engine-owned)
+
+  // The application's ibv_poll_cq.
+  int poll(int num_entries, ibv_wc* wc);
+  // Engine: polls everything the provider holds on `path`'s CQ into the stash, processing each
+  // completion as the application's poll would. False if the stash filled up first.
+  bool drain_into_stash(int path);
+
+  int poll_physical(int path, int num_entries, ibv_wc* wc);  // under lock
+};
+
+// Staging for the ibv_wr_* API: the requests of one wr_start..wr_complete batch.
+struct WrBatch {
+  std::vector<ibv_send_wr> wrs;
+  std::vector<ibv_sge> sges;           // kMaxSge per request
+  std::vector<std::uint8_t> inline_data;  // max_inline per request
+  std::uint32_t count = 0;
+  bool direct = false;  // the provider's wr_* functions are being called alongside
+  bool overflow = false;  // more requests or SGEs than the QP was created for
+};
+
+// What the data path needs from the engine, set once by it.
+struct DatapathServices {
+  // The standby device's lkey of a registration, from the primary lkey.
+  bool (*translate_lkey)(int device_index, std::uint32_t lkey, std::uint32_t* out) = nullptr;
+  // The peer's standby rkey of a registration, from the rkey the application got.
+  bool (*translate_rkey)(std::uint64_t peer, std::uint32_t rkey, std::uint32_t* out) = nullptr;
+  // Something for the engine's thread to act on (a link error, a missing translation).
+  void (*wake_engine)() = nullptr;
+  // The VirtualQp whose physical QP on `device_index` has this qp_num, or nullptr.
+  VirtualQp* (*find_by_qpn)(int device_index, std::uint32_t qpn) = nullptr;
+};
+void set_datapath_services(const DatapathServices& services);
+const DatapathServices& datapath_services();
+
+struct PathCounters {
+  std::atomic<std::uint64_t> hidden_error_completions{0};
+  std::atomic<std::uint64_t> hidden_async_events{0};
+  std::atomic<std::uint64_t> replayed_wrs{0};
+  std::atomic<std::uint64_t> synthesized_completions{0};
+  std::atomic<std::uint64_t> resumed_unix_ns{0};  // first completion after the latest switch
+};
+
+enum class PostMode : std::uint8_t {
+  kDirect,   // healthy primary: record, then the provider's post with the application's WR
+  kRouted,   // a switch is under way or the standby carries traffic: record, post from the ring
+  kBypass,   // not protected for good: straight to the provider, nothing recorded
+};
+
+struct PhysicalPath {
+  ibv_qp* qp = nullptr;  // primary: the application's own QP; standby: the engine's
+  int device_index = -1;
+  std::uint8_t port = 1;
+  int gid_index = 0;
+  Gid gid{};
+  std::uint32_t psn = 0;  // this QP's send PSN
+  bool connected = false;  // in RTS towards the peer's QP on the same path
+  bool failed = false;     // its port went down or it returned a link-class error
+};
+
+class VirtualQp {
+ public:
+  VirtualQp(ibv_qp* app_qp, const ibv_context_ops* provider, const ibv_qp_cap& cap, bool sig_all,
+            CqState* send_cq, CqState* recv_cq);
+
+  // ---- data path (application threads) ----
+  int post_send(ibv_send_wr* wr, ibv_send_wr** bad_wr);
+  int post_recv(ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
+  // One completion polled from `path`'s physical CQ: bookkeeping, translation to what the
+  // application must see. Returns false when it must not reach the application.
+  bool on_completion(int path, ibv_wc& wc);
+  // ibv_wr_* batch (perftest's default API): the shim's wr_* hooks call these.
+  // wr_start takes the QP's lock and wr_complete/wr_abort release it, so a batch is never split
+  // by a switch. In direct mode the hooks also call the provider's functions; in routed mode the
+  // batch is only staged and wr_complete posts it from the ring.
+  void wr_start();
+  ibv_send_wr* wr_stage(ibv_wr_opcode opcode, std::uint64_t wr_id, unsigned int flags);
+  void wr_stage_sges(std::size_t count, const ibv_sge* sges);
+  void wr_stage_inline(std::size_t count, const ibv_data_buf* bufs);
+  bool wr_direct() const { return batch_.direct; }
+  // Direct mode: records the batch before the provider's wr_complete runs; then wr_finish with
+  // its result (a failure drops the records). Routed mode: wr_complete_routed does everything.
+  int wr_record_batch();
+  void wr_finish(int provider_result);
+  int wr_complete_routed();
+  void wr_abort();
+
+  // ---- engine (its thread), under lock() ----
+  SpinLock& lock() { return lock_; }
+  PostMode mode() const { return mode_; }
+  void set_mode(PostMode mode) { mode_ = mode; }
+  int active_path() const { return active_.load(std::memory_order_relaxed); }
+  void set_active_path(int path) { active_.store(path, std::memory_order_relaxed); }
+  bool accepting(int path) const { return accepting_[path]; }
+  void set_accepting(int path, bool on) { accepting_[path] = on; }
+  RetransmitRing& send_ring() { return send_ring_; }
+  ReceiveRing& recv_ring() { return recv_ring_; }
+  // Posts what the rings hold beyond what the active path already has. Returns false when a
+  // remote key has no translation yet (the engine fetches it and calls again).
+  bool post_pending(bool sends = true);
+  // Posts the pending receives (all of them, on a fresh path).
+  void restart_receives() { next_recv_to_post_ = recv_ring_.oldest_position(); }
+  void restart_sends(std::uint64_t from_sequence) { next_send_to_post_ = from_sequence; }
+
+  bool holding() const { return holding_; }
+  // While holding, posts are recorded and not sent (a switch is under way).
+  void set_holding(bool on) { holding_ = on; }
+  std::uint64_t next_send_to_post() const { return next_send_to_post_; }
+
+  ibv_qp* const app_qp;
+  const std::uint32_t vqpn;
+  const ibv_context_ops* const provider;
+  const bool sig_all;
+  CqState* const send_cq;
+  CqState* const recv_cq;
+  PhysicalPath path[kPathCount];
+  std::uint64_t peer = 0;  // the engine's id of the peer's translation table
+  PathCounters counters;
+  // A link-class error completion seen on the active path; the engine acts on it.
+  std::atomic<bool> link_error_seen{false};
+  // The application made the QP fail (its own error, or it moved the QP to ERR/RESET).
+  std::atomic<bool> application_failed{false};
+  std::atomic<bool> awaiting_resume{false};
+  std::atomic<bool> translation_missing{false};
+  std::uint32_t max_inline;
+  std::uint32_t max_send_sge;
+
+ private:
+  int post_recv_routed(ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
+  int post_send_routed(ibv_send_wr* wr, ibv_send_wr** bad_wr);
+  bool post_one_send(const SendRecord& record, int path, bool* missing_key);
+  bool post_one_recv(std::uint64_t position, const ReceiveRecord& record, const ibv_sge* sges,
+                     int path);
+  bool on_error_completion(int path, ibv_wc& wc);
+
+  SpinLock lock_;
+  PostMode mode_ = PostMode::kDirect;
+  std::atomic<int> active_{kPrimary};
+  bool accepting_[kPathCount] = {true, false};
+  RetransmitRing send_ring_;
+  ReceiveRing recv_ring_;
+  std::uint64_t next_send_to_post_ = 1;  // ring sequence
+  std::uint64_t next_recv_to_post_ = 0;  // ring position
+  bool holding_ = false;
+  WrBatch batch_;
+};
+
+// A wc status that says the link (not the application) failed.
+bool is_link_failure(ibv_wc_status status);
+
+}  // namespace vf

@@ -1,0 +1,503 @@
+// The data path of a VirtualQp and its CQs: what runs on the application's threads inside
+// ibv_post_send, ibv_post_recv, ibv_poll_cq and the ibv_wr_* API. Healthy primary: record in the
+// ring, then the provider's own call with the application's request (no copy of the request
+// is posted, no allocation, no syscall). During and after a switch, requests are posted from the
+// ring with the standby path's keys. The control side (pairing, switching) is failover_engine.cc.
+#include <time.h>
+
+#include <cstring>
+
+#include "core/log.h"
+#include "core/virtual_qp.h"
+
+namespace vf {
+namespace {
+
+DatapathServices g_services;
+
+std::uint64_t realtime_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull +
+         static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+bool uses_remote_key(ibv_wr_opcode opcode) {
+  return opcode == IBV_WR_RDMA_WRITE || opcode == IBV_WR_RDMA_WRITE_WITH_IMM ||
+         opcode == IBV_WR_RDMA_READ;
+}
+
+bool is_atomic_opcode(ibv_wr_opcode opcode) {
+  return opcode == IBV_WR_ATOMIC_CMP_AND_SWP || opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
+}
+
+}  // namespace
+
+void set_datapath_services(const DatapathServices& services) { g_services = services; }
+const DatapathServices& datapath_services() { return g_services; }
+
+bool is_link_failure(ibv_wc_status status) {
+  switch (status) {
+    case IBV_WC_RETRY_EXC_ERR:     // transport retries exhausted: the peer is unreachable
+    case IBV_WC_RESP_TIMEOUT_ERR:  // no response
+    case IBV_WC_FATAL_ERR:         // the device/port failed
+    case IBV_WC_GENERAL_ERR:
+    case IBV_WC_WR_FLUSH_ERR:      // the QP went to error (after a link failure: not the app's)
+      return true;
+    default:
+      return false;  // protection, length, access, RNR: the application's doing
+  }
+}
+
+VirtualQp::VirtualQp(ibv_qp* qp, const ibv_context_ops* ops, const ibv_qp_cap& cap, bool signal_all,
+                     CqState* scq, CqState* rcq)
+    : app_qp(qp),
+      vqpn(qp->qp_num),
+      provider(ops),
+      sig_all(signal_all),
+      send_cq(scq),
+      recv_cq(rcq),
+      max_inline(cap.max_inline_data),
+      max_send_sge(std::max<std::uint32_t>(cap.max_send_sge, 1)),
+      send_ring_(cap.max_send_wr + 1, cap.max_send_sge, cap.max_inline_data),
+      recv_ring_(cap.max_recv_wr + 1, cap.max_recv_sge) {
+  const std::size_t batch = std::max<std::uint32_t>(cap.max_send_wr, 1);
+  batch_.wrs.resize(batch);
+  batch_.sges.resize(batch * max_send_sge);
+  batch_.inline_data.resize(batch * max_inline);
+}
+
+// ---------------------------------------------------------------- posting
+
+int VirtualQp::post_send(ibv_send_wr* wr, ibv_send_wr** bad_wr) {
+  lock_.lock();
+  if (__builtin_expect(mode_ != PostMode::kDirect, 0)) {
+    if (mode_ == PostMode::kBypass) {
+      lock_.unlock();
+      return provider->post_send(app_qp, wr, bad_wr);
+    }
+    const int result = post_send_routed(wr, bad_wr);
+    lock_.unlock();
+    return result;
+  }
+  std::uint32_t recorded = 0;
+  for (ibv_send_wr* w = wr; w != nullptr; w = w->next) {
+    const int error = send_ring_.record(*w, sig_all);
+    if (__builtin_expect(error != 0, 0)) {
+      send_ring_.drop_newest(recorded);
+      lock_.unlock();
+      *bad_wr = w;
+      return error;
+    }
+    ++recorded;
+  }
+  const int result = provider->post_send(app_qp, wr, bad_wr);
+  if (__builtin_expect(result != 0, 0)) {
+    std::uint32_t posted = 0;
+    for (ibv_send_wr* w = wr; w != nullptr && w != *bad_wr; w = w->next) ++posted;
+    send_ring_.drop_newest(recorded - posted);
+  }
+  next_send_to_post_ = send_ring_.next_sequence();
+  lock_.unlock();
+  return result;
+}
+
+int VirtualQp::post_recv(ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
+  lock_.lock();
+  if (__builtin_expect(mode_ != PostMode::kDirect, 0)) {
+    if (mode_ == PostMode::kBypass) {
+      lock_.unlock();
+      return provider->post_recv(app_qp, wr, bad_wr);
+    }
+    const int result = post_recv_routed(wr, bad_wr);
+    lock_.unlock();
+    return result;
+  }
+  std::uint32_t recorded = 0;
+  for (ibv_recv_wr* w = wr; w != nullptr; w = w->next) {
+    const int error = recv_ring_.record(*w);
+    if (__builtin_expect(error != 0, 0)) {
+      recv_ring_.drop_newest(recorded);
+      lock_.unlock();
+      *bad_wr = w;
+      return error;
+    }
+    ++recorded;
+  }
+  const int result = provider->post_recv(app_qp, wr, bad_wr);
+  if (__builtin_expect(result != 0, 0)) {
+    std::uint32_t posted = 0;
+    for (ibv_recv_wr* w = wr; w != nullptr && w != *bad_wr; w = w->next) ++posted;
+    recv_ring_.drop_newest(recorded - posted);
+  }
+  next_recv_to_post_ = recv_ring_.next_position();
+  lock_.unlock();
+  return result;
+}
+
+int VirtualQp::post_send_routed(ibv_send_wr* wr, ibv_send_wr** bad_wr) {
+  std::uint32_t recorded = 0;
+  for (ibv_send_wr* w = wr; w != nullptr; w = w->next) {
+    const int error = send_ring_.record(*w, sig_all);
+    if (error != 0) {
+      send_ring_.drop_newest(recorded);
+      *bad_wr = w;
+      return error;
+    }
+    ++recorded;
+  }
+  if (!holding_) post_pending();
+  return 0;
+}
+
+int VirtualQp::post_recv_routed(ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
+  std::uint32_t recorded = 0;
+  for (ibv_recv_wr* w = wr; w != nullptr; w = w->next) {
+    const int error = recv_ring_.record(*w);
+    if (error != 0) {
+      recv_ring_.drop_newest(recorded);
+      *bad_wr = w;
+      return error;
+    }
+    ++recorded;
+  }
+  if (!holding_) post_pending();
+  return 0;
+}
+
+bool VirtualQp::post_one_send(const SendRecord& record, int p, bool* missing_key) {
+  ibv_send_wr wr = record.wr;
+  wr.next = nullptr;
+  ibv_sge sges[RetransmitRing::kMaxSge];
+  const PhysicalPath& target = path[p];
+  if (record.inline_length > 0 || (record.wr.send_flags & IBV_SEND_INLINE)) {
+    sges[0].addr = reinterpret_cast<std::uintptr_t>(send_ring_.inline_data(record));
+    sges[0].length = record.inline_length;
+    sges[0].lkey = 0;
+    wr.num_sge = record.inline_length > 0 ? 1 : 0;
+  } else {
+    const ibv_sge* recorded = send_ring_.sges(record);
+    for (std::uint32_t i = 0; i < record.num_sge; ++i) {
+      sges[i] = recorded[i];
+      if (p == kStandby && !g_services.translate_lkey(path[kPrimary].device_index, recorded[i].lkey,
+                                                       &sges[i].lkey)) {
+        VF_LOG_ERROR("qp {}: lkey {:#x} has no registration on the standby device; request "
+                     "wr_id={:#x} cannot be posted there",
+                     vqpn, recorded[i].lkey, record.wr.wr_id);
+        return false;
+      }
+    }
+    wr.num_sge = static_cast<int>(record.num_sge);
+  }
+  wr.sg_list = sges;
+  if (p == kStandby) {
+    wr.wr_id = record.sequence;
+    std::uint32_t* rkey = uses_remote_key(wr.opcode)       ? &wr.wr.rdma.rkey
+                          : is_atomic_opcode(wr.opcode) ? &wr.wr.atomic.rkey
+                                                           : nullptr;
+    if (rkey != nullptr && !g_services.translate_rkey(peer, *rkey, rkey)) {
+      *missing_key = true;
+      return false;
+    }
+  }
+  // A replayed request keeps its signaling: unsignaled ones complete with the next signaled.
+  if (record.signaled) wr.send_flags |= IBV_SEND_SIGNALED;
+  ibv_send_wr* bad = nullptr;
+  const int result = p == kPrimary ? provider->post_send(app_qp, &wr, &bad)
+                                   : target.qp->context->ops.post_send(target.qp, &wr, &bad);
+  if (result != 0) {
+    VF_LOG_ERROR("qp {}: posting wr_id={:#x} on the {} path failed ({})", vqpn,
+                 record.wr.wr_id, p == kPrimary ? "primary" : "standby", result);
+    return false;
+  }
+  return true;
+}
+
+bool VirtualQp::post_one_recv(std::uint64_t position, const ReceiveRecord& record,
+                              const ibv_sge* recorded, int p) {
+  ibv_sge sges[ReceiveRing::kMaxSge];
+  const PhysicalPath& target = path[p];
+  for (std::uint32_t i = 0; i < record.num_sge; ++i) {
+    sges[i] = recorded[i];
+    if (p == kStandby &&
+        !g_services.translate_lkey(path[kPrimary].device_index, recorded[i].lkey,
+                                   &sges[i].lkey)) {
+      VF_LOG_ERROR("qp {}: receive lkey {:#x} has no registration on the standby device", vqpn,
+                   recorded[i].lkey);
+      return false;
+    }
+  }
+  ibv_recv_wr wr{};
+  wr.wr_id = p == kStandby ? position : record.wr_id;
+  wr.sg_list = sges;
+  wr.num_sge = static_cast<int>(record.num_sge);
+  ibv_recv_wr* bad = nullptr;
+  const int result = p == kPrimary ? provider->post_recv(app_qp, &wr, &bad)
+                                   : target.qp->context->ops.post_recv(target.qp, &wr, &bad);
+  if (result != 0) {
+    VF_LOG_ERROR("qp {}: posting a receive on the {} path failed ({})", vqpn,
+                 p == kPrimary ? "primary" : "standby", result);
+    return false;
+  }
+  return true;
+}
+
+bool VirtualQp::post_pending(bool sends) {
+  const int p = active_path();
+  bool ok = true;
+  recv_ring_.for_each_from(next_recv_to_post_, [&](std::uint64_t position,
+                                                   const ReceiveRecord& record,
+                                                   const ibv_sge* sges) {
+    if (!ok) return;
+    if (!post_one_recv(position, record, sges, p)) {
+      ok = false;
+      return;
+    }
+    next_recv_to_post_ = position + 1;
+  });
+  if (!sends) return ok;
+  bool missing_key = false;
+  send_ring_.for_each_from(next_send_to_post_, [&](const SendRecord& record) {
+    if (!post_one_send(record, p, &missing_key)) return false;
+    next_send_to_post_ = record.sequence + 1;
+    return true;
+  });
+  if (missing_key) {
+    translation_missing.store(true, std::memory_order_relaxed);
+    if (g_services.wake_engine) g_services.wake_engine();
+    return false;
+  }
+  return ok;
+}
+
+// ---------------------------------------------------------------- completions
+
+bool VirtualQp::on_error_completion(int p, ibv_wc& wc) {
+  const bool alternative = path[other_path(p)].connected && !path[other_path(p)].failed;
+  if (is_link_failure(wc.status) && alternative &&
+      !application_failed.load(std::memory_order_relaxed)) {
+    counters.hidden_error_completions.fetch_add(1, std::memory_order_relaxed);
+    if (!link_error_seen.exchange(true) && g_services.wake_engine) g_services.wake_engine();
+    return false;
+  }
+  // The application's own error (or no path left): it gets the completion it would have got.
+  if (!is_link_failure(wc.status)) application_failed.store(true, std::memory_order_relaxed);
+  if (p == kStandby) {
+    wc.qp_num = vqpn;
+    SendRecord record;
+    if (send_ring_.retire_sequence(wc.wr_id, record)) wc.wr_id = record.wr.wr_id;
+  }
+  return true;
+}
+
+bool VirtualQp::on_completion(int p, ibv_wc& wc) {
+  lock_.lock();
+  if (__builtin_expect(!accepting_[p], 0)) {
+    // A path traffic has left: whatever it still reports was drained, replayed or synthesized.
+    if (wc.status != IBV_WC_SUCCESS) {
+      counters.hidden_error_completions.fetch_add(1, std::memory_order_relaxed);
+    }
+    lock_.unlock();
+    return false;
+  }
+  if (__builtin_expect(wc.status != IBV_WC_SUCCESS, 0)) {
+    const bool keep = mode_ == PostMode::kBypass ? true : on_error_completion(p, wc);
+    lock_.unlock();
+    return keep;
+  }
+  const bool receive = (wc.opcode & IBV_WC_RECV) != 0;
+  if (p == kPrimary) {
+    if (mode_ != PostMode::kBypass) {
+      if (receive) {
+        recv_ring_.consume_oldest(wc.wr_id);
+      } else {
+        send_ring_.retire_next_signaled(wc.wr_id);
+      }
+    }
+  } else {
+    wc.qp_num = vqpn;
+    if (receive) {
+      const ReceiveRecord* oldest = recv_ring_.oldest();
+      if (oldest == nullptr || wc.wr_id != recv_ring_.oldest_position()) {
+        VF_LOG_ERROR("qp {}: standby receive completion {:#x} out of order; hidden", vqpn,
+                     wc.wr_id);
+        lock_.unlock();
+        return false;
+      }
+      wc.wr_id = oldest->wr_id;
+      recv_ring_.consume_oldest(oldest->wr_id);
+    } else {
+      SendRecord record;
+      if (!send_ring_.retire_sequence(wc.wr_id, record)) {
+        VF_LOG_ERROR("qp {}: standby send completion {} not in the ring; hidden", vqpn, wc.wr_id);
+        lock_.unlock();
+        return false;
+      }
+      wc.wr_id = record.wr.wr_id;
+    }
+  }
+  if (__builtin_expect(awaiting_resume.load(std::memory_order_relaxed), 0)) {
+    counters.resumed_unix_ns.store(realtime_ns(), std::memory_order_relaxed);
+    awaiting_resume.store(false, std::memory_order_relaxed);
+  }
+  lock_.unlock();
+  return true;
+}
+
+int CqState::poll_physical(int p, int num_entries, ibv_wc* wc) {
+  ibv_cq* cq = p == kPrimary ? app_cq : shadow;
+  const int device = p == kPrimary ? device_index : shadow_device_index;
+  const int polled = p == kPrimary ? provider->poll_cq(cq, num_entries, wc)
+                                   : cq->context->ops.poll_cq(cq, num_entries, wc);
+  if (polled <= 0) return polled;
+  int kept = 0;
+  for (int i = 0; i < polled; ++i) {
+    VirtualQp* qp = g_services.find_by_qpn(device, wc[i].qp_num);
+    if (qp != nullptr && !qp->on_completion(p, wc[i])) continue;
+    if (kept != i) wc[kept] = wc[i];
+    ++kept;
+  }
+  return kept;
+}
+
+int CqState::poll(int num_entries, ibv_wc* wc) {
+  lock.lock();
+  int total = 0;
+  if (__builtin_expect(stash_nonempty.load(std::memory_order_relaxed), 0)) {
+    total = stash.pop(num_entries, wc);
+    if (stash.size() == 0) stash_nonempty.store(false, std::memory_order_relaxed);
+  }
+  if (total < num_entries) {
+    const int polled = poll_physical(kPrimary, num_entries - total, wc + total);
+    if (polled < 0 && total == 0) {
+      lock.unlock();
+      return polled;
+    }
+    if (polled > 0) total += polled;
+  }
+  if (shadow_active.load(std::memory_order_relaxed) && total < num_entries) {
+    const int standby = poll_physical(kStandby, num_entries - total, wc + total);
+    if (standby > 0) total += standby;
+  }
+  lock.unlock();
+  return total;
+}
+
+bool CqState::drain_into_stash(int p) {
+  lock.lock();
+  ibv_wc batch[16];
+  bool complete = true;
+  for (;;) {
+    if (stash.room() < 16) {
+      complete = false;
+      break;
+    }
+    const int polled = p == kPrimary || shadow != nullptr ? poll_physical(p, 16, batch) : 0;
+    if (polled <= 0) break;
+    for (int i = 0; i < polled; ++i) stash.push(batch[i]);
+  }
+  if (stash.size() > 0) stash_nonempty.store(true, std::memory_order_relaxed);
+  lock.unlock();
+  return complete;
+}
+
+// ---------------------------------------------------------------- ibv_wr_* batches
+
+void VirtualQp::wr_start() {
+  lock_.lock();
+  batch_.count = 0;
+  batch_.overflow = false;
+  batch_.direct = mode_ != PostMode::kRouted;
+}
+
+ibv_send_wr* VirtualQp::wr_stage(ibv_wr_opcode opcode, std::uint64_t wr_id, unsigned int flags) {
+  if (batch_.count >= batch_.wrs.size()) {
+    batch_.overflow = true;
+    return nullptr;
+  }
+  ibv_send_wr& wr = batch_.wrs[batch_.count++];
+  wr = ibv_send_wr{};
+  wr.opcode = opcode;
+  wr.wr_id = wr_id;
+  wr.send_flags = flags;
+  wr.sg_list = &batch_.sges[(batch_.count - 1) * max_send_sge];
+  return &wr;
+}
+
+void VirtualQp::wr_stage_sges(std::size_t count, const ibv_sge* sges) {
+  if (batch_.count == 0) return;
+  ibv_send_wr& wr = batch_.wrs[batch_.count - 1];
+  if (count > max_send_sge) {
+    batch_.overflow = true;
+    return;
+  }
+  std::memcpy(wr.sg_list, sges, count * sizeof(ibv_sge));
+  wr.num_sge = static_cast<int>(count);
+}
+
+void VirtualQp::wr_stage_inline(std::size_t count, const ibv_data_buf* bufs) {
+  if (batch_.count == 0) return;
+  ibv_send_wr& wr = batch_.wrs[batch_.count - 1];
+  std::uint8_t* data = batch_.inline_data.data() + (batch_.count - 1) * max_inline;
+  std::size_t length = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    if (length + bufs[i].length > max_inline) {
+      batch_.overflow = true;
+      return;
+    }
+    std::memcpy(data + length, bufs[i].addr, bufs[i].length);
+    length += bufs[i].length;
+  }
+  wr.send_flags |= IBV_SEND_INLINE;
+  wr.sg_list[0].addr = reinterpret_cast<std::uintptr_t>(data);
+  wr.sg_list[0].length = static_cast<std::uint32_t>(length);
+  wr.sg_list[0].lkey = 0;
+  wr.num_sge = 1;
+}
+
+int VirtualQp::wr_record_batch() {
+  if (mode_ == PostMode::kBypass) return 0;
+  if (batch_.overflow) return EINVAL;
+  for (std::uint32_t i = 0; i < batch_.count; ++i) {
+    const int error = send_ring_.record(batch_.wrs[i], sig_all);
+    if (error != 0) {
+      send_ring_.drop_newest(i);
+      batch_.count = 0;
+      return error;
+    }
+  }
+  return 0;
+}
+
+void VirtualQp::wr_finish(int provider_result) {
+  if (mode_ != PostMode::kBypass) {
+    if (provider_result != 0) send_ring_.drop_newest(batch_.count);
+    next_send_to_post_ = send_ring_.next_sequence();
+  }
+  batch_.count = 0;
+  lock_.unlock();
+}
+
+int VirtualQp::wr_complete_routed() {
+  int result = batch_.overflow ? EINVAL : 0;
+  std::uint32_t recorded = 0;
+  while (result == 0 && recorded < batch_.count) {
+    result = send_ring_.record(batch_.wrs[recorded], sig_all);
+    if (result == 0) ++recorded;
+  }
+  if (result != 0) {
+    send_ring_.drop_newest(recorded);
+  } else if (!holding_) {
+    post_pending();
+  }
+  batch_.count = 0;
+  lock_.unlock();
+  return result;
+}
+
+void VirtualQp::wr_abort() {
+  batch_.count = 0;
+  lock_.unlock();
+}
+
+}  // namespace vf

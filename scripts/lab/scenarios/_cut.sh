@@ -1,0 +1,131 @@
+# shellcheck shell=bash
+# Shared by the cut_* failover scenarios (a name starting with _ is not a scenario itself): a
+# workload between the hosts, rail 0 cut on host A mid-run, and the verdict.
+#   with the shim (the scenario itself): every process exits 0 within the bound with its full
+#     iteration count (perftest's result table, rc_pingpong's "N iters", nccl_pattern's PASS) AND
+#     the shim's stats prove a failover: assert_failover on each process whose QPs were on rail 0.
+#   without the shim (NAME@noshim, the matching control): the workload must break (a process
+#     fails or hangs); the stats are not looked at.
+# docs/lab.md, "Failover scenarios".
+
+# shellcheck source=scripts/lab/scenarios/_nccl_pattern_ring.sh
+source "$LAB_DIR/scenarios/_nccl_pattern_ring.sh"
+
+# Sizes: 15-60 s of traffic under TCG emulation (rates vary by 4x between runs: ib_write_bw was
+# seen at 3 to 16 MB/s). The fault must come while the traffic runs; a run that ended before it
+# is a set-up failure (lab_fail), not a pass.
+CUT_PERFTEST_ITERS=${VF_CUT_PERFTEST_ITERS:-3000}  # x 64 KiB
+CUT_PINGPONG_ITERS=${VF_CUT_PINGPONG_ITERS:-2000}  # x 4 KiB round trips
+CUT_NCCL_ITERS=${VF_CUT_NCCL_ITERS:-150}           # x 128 KiB all-reduce per ring (~25 s)
+CUT_AFTER=2    # seconds of traffic before the fault
+CUT_BOUND=120  # seconds after the fault for every process to finish
+
+# The shim's settings for every process of a cut scenario: process 0's rail 0 is backed by rail 1
+# and process 1's rail 1 by rail 0 (also the shim's automatic choice; explicit here).
+cut_shim_env() {
+  CUT_ENV=("VERBS_FAILOVER_PAIRS=rxe0:rxe1,rxe1:rxe0")
+  [[ -n ${VERBS_FAILOVER_LOG:-} ]] || CUT_ENV+=(VERBS_FAILOVER_LOG=info)
+}
+
+# cut_start WORKLOAD: starts it and waits until its traffic runs. Sets CUT_JOBS (every process)
+# and CUT_PROTECTED (the processes whose QPs are on rail 0, which must fail over).
+cut_start() {
+  local workload=$1
+  cut_shim_env
+  case $workload in
+    nccl_pattern)
+      start_nccl_rings "$CUT_NCCL_ITERS" 131072 40 "${CUT_ENV[@]}"
+      nccl_wait_started 60
+      CUT_JOBS=("${NCCL_JOBS[@]}")
+      CUT_PROTECTED=(A:p0 B:p0)
+      ;;
+    rc_pingpong)
+      local args=(-d rxe0 -g 1 -p "$LAB_PORT" -n "$CUT_PINGPONG_ITERS" -s 4096)
+      app B srv "${CUT_ENV[@]}" -- stdbuf -oL ibv_rc_pingpong "${args[@]}"
+      wait_listen B "$LAB_PORT" 30 || lab_fail "ibv_rc_pingpong server on B is not listening on $LAB_PORT"
+      app A cli "${CUT_ENV[@]}" -- stdbuf -oL ibv_rc_pingpong "${args[@]}" "$(ip_of B mgmt)"
+      wait_log A cli 'remote address' 30 || lab_fail "ibv_rc_pingpong did not connect"
+      CUT_JOBS=(A:cli B:srv)
+      CUT_PROTECTED=(A:cli B:srv)
+      ;;
+    ib_write_bw | ib_send_bw | ib_read_bw)
+      # Iterations, not -D: in duration mode perftest stops at the deadline without reaping its
+      # outstanding work requests and reports success even when the link died (docs/lab.md).
+      local args=(-d rxe0 -x 1 -s 65536 -n "$CUT_PERFTEST_ITERS" -p "$LAB_PORT")
+      app B srv "${CUT_ENV[@]}" -- stdbuf -oL "$workload" "${args[@]}"
+      wait_listen B "$LAB_PORT" 30 || lab_fail "$workload server on B is not listening on $LAB_PORT"
+      app A cli "${CUT_ENV[@]}" -- stdbuf -oL "$workload" "${args[@]}" "$(ip_of B mgmt)"
+      # The report header is printed as the traffic starts.
+      wait_log A cli '#bytes' 30 || lab_fail "$workload traffic did not start"
+      CUT_JOBS=(A:cli B:srv)
+      CUT_PROTECTED=(A:cli B:srv)
+      ;;
+    *) lab_fail "unknown cut workload '$workload'" ;;
+  esac
+}
+
+# cut_workload_ok WORKLOAD: every process exited 0 with its full count. Notes what is missing.
+cut_workload_ok() {
+  local workload=$1 j st rc=0
+  for j in "${CUT_JOBS[@]}"; do
+    st=$(job_rc "${j%%:*}" "${j#*:}")
+    [[ $st == 0 ]] || { note "$j: ${st:+exit status }${st:-hung (killed)}"; rc=1; }
+  done
+  case $workload in
+    nccl_pattern) nccl_check_pass || rc=1 ;;
+    rc_pingpong)
+      # "1000 iters in 9.87 seconds = 9870.00 usec/iter", printed by both sides.
+      for j in A:cli B:srv; do
+        grep -q "^$CUT_PINGPONG_ITERS iters in " "$SCEN_DIR/${j%%:*}/${j#*:}.log" ||
+          { note "$j: no '$CUT_PINGPONG_ITERS iters' line"; rc=1; }
+      done
+      local usec
+      usec=$(awk '/iters in .* usec\/iter/ {print $(NF-1)}' "$SCEN_DIR/A/cli.log")
+      [[ -n $usec ]] && figure usec_per_iter "$usec"
+      ;;
+    *)
+      local it bw
+      it=$(perftest_figure A cli 2)
+      bw=$(perftest_figure A cli 4)
+      [[ -n $bw ]] && figure MBps "$bw"
+      [[ $it == "$CUT_PERFTEST_ITERS" ]] ||
+        { note "$workload: the client's result table says ${it:-nothing}, not $CUT_PERFTEST_ITERS iterations"; rc=1; }
+      ;;
+  esac
+  return "$rc"
+}
+
+# cut_scenario WORKLOAD FAULT: the whole scenario (FAULT: port_down or cable_cut of A's rail 0).
+# Sets CUT_RC_WORKLOAD (0: the workload came through) for scenarios that check more.
+cut_scenario() {
+  local workload=$1 kind=$2 j st
+  cut_start "$workload"
+  after_seconds "$CUT_AFTER"
+  for j in "${CUT_JOBS[@]}"; do
+    [[ -z $(job_rc "${j%%:*}" "${j#*:}") ]] ||
+      lab_fail "$j ended before the fault (status $(job_rc "${j%%:*}" "${j#*:}")): make the run longer (VF_CUT_*)"
+  done
+  fault "$kind" A rail0
+  wait_jobs_or_failure "$CUT_BOUND" 10 "${CUT_JOBS[@]}"
+  local states=()
+  for j in "${CUT_JOBS[@]}"; do
+    st=$(job_rc "${j%%:*}" "${j#*:}")
+    states+=("$j=${st:-hung}")
+    kill_job "${j%%:*}" "${j#*:}"
+  done
+  figure exit "$(IFS=,; printf '%s' "${states[*]}")"
+  CUT_RC_WORKLOAD=0
+  cut_workload_ok "$workload" || CUT_RC_WORKLOAD=1
+  if [[ $SCEN_VARIANT != shim ]]; then
+    # The control: a workload that came through an unprotected cut means the fault was not real.
+    ((CUT_RC_WORKLOAD)) || note "no shim, yet the workload came through the $kind: the fault did not bite"
+    ((CUT_RC_WORKLOAD)) && note "no shim: the workload did not survive the $kind (as the control expects)"
+    return "$CUT_RC_WORKLOAD"
+  fi
+  local rc=$CUT_RC_WORKLOAD
+  for j in "${CUT_PROTECTED[@]}"; do
+    assert_failover "${j%%:*}" "${j#*:}" || rc=1
+  done
+  failover_figures A
+  return "$rc"
+}

@@ -1,0 +1,18 @@
+# shellcheck shell=bash disable=SC2034 # the SCENARIO_* settings are read by the runner
+# Failover: ib_send_bw -d rxe0 -x 1, 1000 x 64 KiB between the hosts with the shim on every process;
+# cable cut (QEMU set_link off) of A's rail 0, seen by A only, after traffic has run a few seconds.
+# Every process must finish (exit 0, full count) and the shim's stats must show the failover
+# (scripts/lab/scenarios/_cut.sh, docs/lab.md). cut_cable_ib_send_bw@noshim is its control: the same
+# without the shim must break.
+SCENARIO_DESC="cable_cut A rail0 mid ib_send_bw, shim: all exit 0 with full counts, stats show the failover"
+SCENARIO_KIND=failover
+SCENARIO_SHIM=required
+SCENARIO_NOSHIM=yes
+SCENARIO_TIMEOUT=240
+
+# shellcheck source=scripts/lab/scenarios/_cut.sh
+source "$LAB_DIR/scenarios/_cut.sh"
+
+scenario_run() {
+  cut_scenario ib_send_bw cable_cut
+}

@@ -1,0 +1,18 @@
+# shellcheck shell=bash disable=SC2034 # the SCENARIO_* settings are read by the runner
+# Failover: nccl_pattern rings (4 processes, process 0 on rxe0, process 1 on rxe1) between the hosts
+# with the shim on every process; port down (ip link down) of A's rail 0, after traffic has run a
+# few seconds. Every process must finish (exit 0, full count) and the shim's stats must show the
+# failover (scripts/lab/scenarios/_cut.sh, docs/lab.md). cut_port_down_nccl_pattern@noshim is its
+# control: the same without the shim must break.
+SCENARIO_DESC="port_down A rail0 mid nccl_pattern, shim: all exit 0 with full counts, stats show the failover"
+SCENARIO_KIND=failover
+SCENARIO_SHIM=required
+SCENARIO_NOSHIM=yes
+SCENARIO_TIMEOUT=240
+
+# shellcheck source=scripts/lab/scenarios/_cut.sh
+source "$LAB_DIR/scenarios/_cut.sh"
+
+scenario_run() {
+  cut_scenario nccl_pattern port_down
+}
