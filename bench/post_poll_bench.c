@@ -1,7 +1,19 @@
-/* Healthy-path cost of the shim on the fake fabric: ns per ibv_poll_cq on an empty CQ and per
-   ibv_post_send (inline 8-byte RDMA_WRITE) between fake0 and fake2. Run it with and without
-   LD_PRELOAD=libverbs_failover.so (bench/run.sh alternates the two) and compare: the fake's own
-   cost is the same in both, the difference is what the shim adds.
+/* Healthy-path cost of the shim on the fake fabric, on an RC QP pair between fake0 and fake2.
+   Under the shim both QPs are protected (fake0 is backed by fake1, fake2 by fake3, and the two
+   QPs pair locally in this process), so this times the protected data path: retransmit-ring
+   recording in post_send, receive-ring recording in post_recv, ring retirement per
+   completion in poll_cq. bench/check_protected.sh verifies that from the shim's log.
+   Measured (ns per call unless said otherwise):
+     empty_poll_ns   ibv_poll_cq on an empty CQ
+     post_send_ns    ibv_post_send of an inline 8-byte RDMA_WRITE (15 unsignaled + 1 signaled per
+                     batch of 16; only the posting is timed)
+     send_poll_ns    ibv_poll_cq calls that reap the batch's one signaled completion (each retires
+                     16 ring entries under the shim)
+     post_recv_ns    ibv_post_recv of one 64-byte receive (batches of 16)
+     recv_poll_ns    ibv_poll_cq reaping receive completions, per completion (16 per batch, polled
+                     with num_entries=16; the peer's inline 8-byte SENDs are not timed)
+   Run it with and without LD_PRELOAD=libverbs_failover.so (bench/run.sh alternates the two) and
+   compare: the fake's own cost is the same in both, the difference is what the shim adds.
    Usage: post_poll_bench [iterations]   (needs LD_LIBRARY_PATH at the fake libibverbs) */
 #define _GNU_SOURCE
 #include <infiniband/verbs.h>
@@ -41,7 +53,7 @@ static void open_end(struct end* e, struct ibv_device* dev) {
   if (!(e->mr = ibv_reg_mr(e->pd, e->buf, sizeof(e->buf),
                            IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE))) fail("mr");
   struct ibv_qp_init_attr a = {.send_cq = e->cq, .recv_cq = e->cq, .qp_type = IBV_QPT_RC,
-                               .cap = {.max_send_wr = 128, .max_recv_wr = 16, .max_send_sge = 1,
+                               .cap = {.max_send_wr = 128, .max_recv_wr = 32, .max_send_sge = 1,
                                        .max_recv_sge = 1, .max_inline_data = 64}};
   if (!(e->qp = ibv_create_qp(e->pd, &a))) fail("qp");
   if (ibv_query_gid(e->ctx, 1, 1, &e->gid)) fail("gid");
@@ -72,31 +84,86 @@ int main(int argc, char** argv) {
   }
   const double poll_ns = (now_ns() - start) / (double)iterations;
 
-  /* 15 unsignaled writes and one signaled one per batch; only the posting is timed. */
+  /* 15 unsignaled writes and one signaled one per batch; the posting and the reaping polls are
+     timed separately. */
   struct ibv_sge sge = {.addr = (uintptr_t)a.buf, .length = 8, .lkey = a.mr->lkey};
   struct ibv_send_wr wr = {.opcode = IBV_WR_RDMA_WRITE, .sg_list = &sge, .num_sge = 1};
   wr.wr.rdma.remote_addr = (uintptr_t)b.buf;
   wr.wr.rdma.rkey = b.mr->rkey;
   struct ibv_send_wr* bad = NULL;
-  double post_total = 0;
-  long posts = 0;
-  for (long batch = 0; posts < iterations; ++batch) {
-    const double t0 = now_ns();
+  double post_total = 0, send_poll_total = 0;
+  long posts = 0, send_polls = 0;
+  while (posts < iterations) {
+    double t0 = now_ns();
     for (int k = 0; k < 16; ++k) {
       wr.wr_id = (uint64_t)posts;
       wr.send_flags = IBV_SEND_INLINE | (k == 15 ? IBV_SEND_SIGNALED : 0);
       if (ibv_post_send(a.qp, &wr, &bad)) fail("post_send");
       ++posts;
     }
-    post_total += now_ns() - t0;
+    const double t1 = now_ns();
+    post_total += t1 - t0;
     int got = 0;
     for (long spins = 0; got == 0; ++spins) {
       got = ibv_poll_cq(a.cq, 4, wc);
-      if (got < 0 || (got > 0 && wc[0].status != IBV_WC_SUCCESS)) fail("completion");
+      ++send_polls;
+      if (got < 0 || (got > 0 && (wc[0].status != IBV_WC_SUCCESS ||
+                                  wc[0].wr_id != (uint64_t)(posts - 1)))) {
+        fail("send completion");
+      }
       if (spins > 100000000) fail("completion timeout");
     }
+    send_poll_total += now_ns() - t1;
   }
-  printf("empty_poll_ns=%.2f post_send_ns=%.2f iterations=%ld\n", poll_ns, post_total / (double)posts,
-         iterations);
+
+  /* Receives: b posts 16, a sends 16 inline 8-byte messages (untimed; 15 unsignaled + 1
+     signaled), b reaps the 16 receive completions (timed per completion). */
+  struct ibv_sge rsge = {.addr = (uintptr_t)b.buf, .length = 64, .lkey = b.mr->lkey};
+  struct ibv_recv_wr rwr = {.sg_list = &rsge, .num_sge = 1};
+  struct ibv_recv_wr* rbad = NULL;
+  struct ibv_send_wr swr = {.opcode = IBV_WR_SEND, .sg_list = &sge, .num_sge = 1};
+  struct ibv_wc rwc[16];
+  double recv_post_total = 0, recv_poll_total = 0;
+  long recvs = 0, reaped = 0;
+  while (recvs < iterations) {
+    double t0 = now_ns();
+    for (int k = 0; k < 16; ++k) {
+      rwr.wr_id = (uint64_t)(recvs + k);
+      if (ibv_post_recv(b.qp, &rwr, &rbad)) fail("post_recv");
+    }
+    recv_post_total += now_ns() - t0;
+    for (int k = 0; k < 16; ++k) {
+      swr.wr_id = (uint64_t)k;
+      swr.send_flags = IBV_SEND_INLINE | (k == 15 ? IBV_SEND_SIGNALED : 0);
+      if (ibv_post_send(a.qp, &swr, &bad)) fail("post_send (SEND)");
+    }
+    int batch_got = 0;
+    t0 = now_ns();
+    for (long spins = 0; batch_got < 16; ++spins) {
+      const int got = ibv_poll_cq(b.cq, 16 - batch_got, rwc);
+      if (got < 0) fail("receive completion");
+      for (int i = 0; i < got; ++i) {
+        if (rwc[i].status != IBV_WC_SUCCESS || rwc[i].opcode != IBV_WC_RECV ||
+            rwc[i].wr_id != (uint64_t)(recvs + batch_got + i)) {
+          fail("receive completion");
+        }
+      }
+      batch_got += got;
+      if (spins > 100000000) fail("receive completion timeout");
+    }
+    recv_poll_total += now_ns() - t0;
+    reaped += batch_got;
+    recvs += 16;
+    int got = 0;
+    for (long spins = 0; got == 0; ++spins) {
+      got = ibv_poll_cq(a.cq, 4, wc);
+      if (got < 0 || (got > 0 && wc[0].status != IBV_WC_SUCCESS)) fail("SEND completion");
+      if (spins > 100000000) fail("SEND completion timeout");
+    }
+  }
+  printf("empty_poll_ns=%.2f post_send_ns=%.2f send_poll_ns=%.2f post_recv_ns=%.2f "
+         "recv_poll_ns=%.2f iterations=%ld\n",
+         poll_ns, post_total / (double)posts, send_poll_total / (double)send_polls,
+         recv_post_total / (double)recvs, recv_poll_total / (double)reaped, iterations);
   return 0;
 }

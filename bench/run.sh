@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Alternates runs with and without the shim on the fake fabric and prints the medians and the
-# difference (what the shim adds per call). Usage: bench/run.sh [build-dir] [rounds] [iterations]
+# difference (what the shim adds per call). First checks that the shim's run exercises the
+# protected path (bench/check_protected.sh); refuses to measure otherwise.
+# Usage: bench/run.sh [build-dir] [rounds] [iterations]
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${1:-$repo/build}
@@ -10,18 +12,25 @@ bench="$build/bin/vf_post_poll_bench"
 fake_dir=$(dirname "$(find "$build" -path '*fake_verbs/lib/libibverbs.so.1' | head -1)")
 shim="$build/lib/libverbs_failover.so"
 [ -x "$bench" ] && [ -f "$shim" ] && [ -d "$fake_dir" ] || { echo "build first (scripts/test or cmake --build)"; exit 1; }
-declare -a base_poll base_post shim_poll shim_post
+"$repo/bench/check_protected.sh" "$bench" "$fake_dir" "$shim" 10000 || { echo "run.sh: not measuring"; exit 1; }
+fields=(empty_poll_ns post_send_ns send_poll_ns post_recv_ns recv_poll_ns)
+labels=("ibv_poll_cq, empty CQ (per call)" "ibv_post_send, inline 8 B write" \
+        "ibv_poll_cq reaping 1 signaled send wc" "ibv_post_recv" "ibv_poll_cq, per receive wc")
+declare -A base shimmed
+field() { sed -E "s/.*$1=([0-9.]+).*/\1/" <<<"$2"; }
 for ((r = 0; r < rounds; r++)); do
   line=$(LD_LIBRARY_PATH="$fake_dir" taskset -c 0 "$bench" "$iterations")
-  base_poll+=("$(sed -E 's/.*empty_poll_ns=([0-9.]+).*/\1/' <<<"$line")")
-  base_post+=("$(sed -E 's/.*post_send_ns=([0-9.]+).*/\1/' <<<"$line")")
+  echo "round $r no shim: $line"
+  for f in "${fields[@]}"; do base[$f]+="$(field "$f" "$line") "; done
   line=$(LD_LIBRARY_PATH="$fake_dir" LD_PRELOAD="$shim" taskset -c 0 "$bench" "$iterations")
-  shim_poll+=("$(sed -E 's/.*empty_poll_ns=([0-9.]+).*/\1/' <<<"$line")")
-  shim_post+=("$(sed -E 's/.*post_send_ns=([0-9.]+).*/\1/' <<<"$line")")
+  echo "round $r shim   : $line"
+  for f in "${fields[@]}"; do shimmed[$f]+="$(field "$f" "$line") "; done
 done
-median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
-bp=$(median "${base_poll[@]}"); sp=$(median "${shim_poll[@]}")
-bs=$(median "${base_post[@]}"); ss=$(median "${shim_post[@]}")
-printf 'rounds=%d iterations=%d (medians, ns per call)\n' "$rounds" "$iterations"
-printf 'ibv_poll_cq (empty): no shim %s  shim %s  added %.2f\n' "$bp" "$sp" "$(awk -v a="$sp" -v b="$bp" "BEGIN{print a-b}")"
-printf 'ibv_post_send      : no shim %s  shim %s  added %.2f\n' "$bs" "$ss" "$(awk -v a="$ss" -v b="$bs" "BEGIN{print a-b}")"
+median() { printf '%s\n' $1 | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+printf 'rounds=%d iterations=%d (medians, ns)\n' "$rounds" "$iterations"
+for i in "${!fields[@]}"; do
+  f=${fields[$i]}
+  b=$(median "${base[$f]}"); s=$(median "${shimmed[$f]}")
+  printf '%-40s no shim %8s  shim %8s  added %7.2f\n' "${labels[$i]}" "$b" "$s" \
+    "$(awk -v a="$s" -v b="$b" 'BEGIN{print a-b}')"
+done

@@ -2,7 +2,6 @@
 // pair needs to be connected, memory-registration translations, and the failover handshake.
 // Every field is checked on decode: a malformed message from the network is an error with a
 // precise reason, never a crash or a half-applied message.
-// Part of the failover work (issue "Transparent failover"); not used by the shim yet.
 #pragma once
 
 #include <array>

@@ -1,5 +1,4 @@
 // Which port backs up which: VERBS_FAILOVER_PAIRS, or an automatic choice every host makes alike.
-// Part of the failover work (issue "Transparent failover"); not used by the shim yet.
 #pragma once
 
 #include <cstdint>

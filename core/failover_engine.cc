@@ -426,12 +426,24 @@ void discover_devices() {
 
 // ------------------------------------------------------------------ QP state helpers
 
-int modify(ibv_qp* qp, ibv_qp_attr* attr, int mask, bool keep_app_state) {
+// The application's QP: libibverbs caches the state in qp->state and some providers read that
+// cache as the current state; the application must keep reading the state it set. So around
+// the engine's own transitions the cache holds the physical state, then the application's again.
+std::map<const ibv_qp*, ibv_qp_state>& physical_states() {
+  static auto* states = new std::map<const ibv_qp*, ibv_qp_state>;
+  return *states;
+}
+
+int modify(ibv_qp* qp, ibv_qp_attr* attr, int mask, bool app_qp) {
   Engine& e = engine();
+  if (!app_qp) return e.verbs.modify_qp(qp, attr, mask);
+  const ibv_qp_state application_view = qp->state;
+  auto known = physical_states().find(qp);
+  if (known != physical_states().end()) qp->state = known->second;
   const ibv_qp_state before = qp->state;
   const int result = e.verbs.modify_qp(qp, attr, mask);
-  // The application's QP keeps reading the state the application gave it.
-  if (keep_app_state) qp->state = before;
+  physical_states()[qp] = result == 0 && (mask & IBV_QP_STATE) ? attr->qp_state : before;
+  qp->state = application_view;
   return result;
 }
 
@@ -850,8 +862,15 @@ void finish_switch(Protection& p) {
   });
   v.restart_sends(first);
   v.set_holding(false);
-  v.awaiting_resume.store(true, std::memory_order_relaxed);
+  v.link_error_seen.store(false);
   v.post_pending();
+  if (v.send_ring().outstanding() == 0 && v.recv_ring().pending() == 0) {
+    // Nothing to wait for on this side (a passive RDMA target): its traffic resumed with the
+    // switch itself.
+    v.counters.resumed_unix_ns.store(realtime_ns(), std::memory_order_relaxed);
+  } else {
+    v.awaiting_resume.store(true, std::memory_order_relaxed);
+  }
   if (sw.to == kPrimary && !v.application_failed.load()) v.set_mode(PostMode::kDirect);
   v.lock().unlock();
   v.send_cq->lock.unlock();
@@ -1027,6 +1046,15 @@ void path_restored(Protection& p, int path) {
   }
 }
 
+// One end of a pair asks for re-arming and the other answers, never both (two crossed requests
+// would each reset the QP the other just connected): the asker is the smaller process token,
+// or within one process the smaller QP key.
+bool answers_rearm(const Protection& p) {
+  if (!p.peer.local) return engine().token > p.peer.token;
+  if (p.local.qpn != p.remote.qpn) return p.local.qpn > p.remote.qpn;
+  return p.local.gid > p.remote.gid;
+}
+
 void handle_rearm(const vf::Rearm& message) {
   Protection* p = protection_by_key(message.remote);
   if (p == nullptr || message.path > 1) return;
@@ -1045,9 +1073,7 @@ void handle_rearm(const vf::Rearm& message) {
   // A request: ours too if our port is up and the path is idle.
   if (v.active_path() == path || p->sw.in_progress) return;
   if (!port_active(physical.device_index, physical.port)) return;
-  if (p->rearm[path].awaiting && p->peer.local == false && engine().token < p->peer.token) {
-    return;  // both asked at once: the larger token answers
-  }
+  p->rearm[path].awaiting = false;
   const unsigned int access = path == kPrimary && (p->attrs.init_mask & IBV_QP_ACCESS_FLAGS)
                                   ? p->attrs.init.qp_access_flags
                                   : kFullAccess;
@@ -1067,6 +1093,7 @@ void maybe_rearm(Protection& p, int path) {
   if (!rearm.needed || p.sw.in_progress || v.active_path() == path) return;
   const PhysicalPath& physical = v.path[path];
   if (!port_active(physical.device_index, physical.port)) return;
+  if (p.local != p.remote && answers_rearm(p)) return;  // the peer asks; we answer
   const std::uint64_t now = monotonic_ns();
   if (rearm.awaiting && now - rearm.sent_ns < kRearmRetryNs) return;
   const unsigned int access = path == kPrimary && (p.attrs.init_mask & IBV_QP_ACCESS_FLAGS)
@@ -1074,6 +1101,13 @@ void maybe_rearm(Protection& p, int path) {
                                   : kFullAccess;
   v.path[path].psn = random_psn();
   if (!to_reset_and_init(v.path[path].qp, physical.port, access, path == kPrimary)) return;
+  if (p.local == p.remote) {
+    // A QP connected to itself (NCCL's flush QP): both ends are this QP.
+    if (connect_path(p, path, v.path[path].qp->qp_num, v.path[path].gid, v.path[path].psn)) {
+      path_restored(p, path);
+    }
+    return;
+  }
   rearm.awaiting = true;
   rearm.sent_ns = now;
   send_rearm(p, path, false);
@@ -1748,6 +1782,7 @@ void FailoverEngine::on_qp_destroy(ibv_qp* qp) {
   v->recv_cq->lock.lock();
   v->recv_cq->lock.unlock();
   if (v->path[kStandby].qp != nullptr) e.verbs.destroy_qp(v->path[kStandby].qp);
+  physical_states().erase(qp);
   // Keep the stats of a QP that existed (the file reports every QP of the run).
   Protection& p = it->second;
   p.qp->path[kStandby].qp = nullptr;

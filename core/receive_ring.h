@@ -2,7 +2,6 @@
 // SRQ) has posted, in order, and how many receive-consuming messages it has delivered to the
 // application. After a failover the count goes to the peer (which replays exactly the messages
 // after it) and the receives still pending are posted again, in order, on the standby path.
-// Part of the failover work (issue "Transparent failover"); not used by the shim yet.
 #pragma once
 
 #include <infiniband/verbs.h>

@@ -1,7 +1,6 @@
 // The send side of exactly-once failover (docs/design.md §5): every send work request of a
 // protected QP stays here, in posting order, until a completion proves it done; after a failover
 // the ring says exactly which requests to replay on the standby path.
-// Part of the failover work (issue "Transparent failover"); not used by the shim yet.
 #pragma once
 
 #include <infiniband/verbs.h>

@@ -28,7 +28,7 @@ struct QpStats {
   std::optional<std::string> backup;  // "rxe1/1"; nullopt renders null
   bool is_protected = false;          // rendered as "protected"
   std::string path;                   // "primary" | "standby"
-  std::string state;                  // path_state's name for the pair's state
+  std::string state;                  // pairing, unpaired, primary, switching, standby, unprotected
   std::string unprotected_reason;     // empty when protected
   std::uint64_t failovers = 0;
   std::uint64_t failbacks = 0;

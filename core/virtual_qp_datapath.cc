@@ -43,6 +43,11 @@ bool is_link_failure(ibv_wc_status status) {
     case IBV_WC_FATAL_ERR:         // the device/port failed
     case IBV_WC_GENERAL_ERR:
     case IBV_WC_WR_FLUSH_ERR:      // the QP went to error (after a link failure: not the app's)
+    // Soft-RoCE completes the requests it could not transmit (its netdev went down) with a
+    // local QP operation error; other providers use it for internal faults. Either way the
+    // request is replayed on the other path, and a request that is itself bad fails there too
+    // and then reaches the application.
+    case IBV_WC_LOC_QP_OP_ERR:
       return true;
     default:
       return false;  // protection, length, access, RNR: the application's doing
@@ -277,7 +282,13 @@ bool VirtualQp::on_error_completion(int p, ibv_wc& wc) {
   if (is_link_failure(wc.status) && alternative &&
       !application_failed.load(std::memory_order_relaxed)) {
     counters.hidden_error_completions.fetch_add(1, std::memory_order_relaxed);
-    if (!link_error_seen.exchange(true) && g_services.wake_engine) g_services.wake_engine();
+    if (!link_error_seen.exchange(true)) {
+      VF_LOG_DEBUG("qp {}: {} completion (status {}, wr_id {:#x}) on the {} path hidden; "
+                   "switching paths",
+                   vqpn, (wc.opcode & IBV_WC_RECV) ? "receive" : "send", static_cast<int>(wc.status),
+                   wc.wr_id, p == kPrimary ? "primary" : "standby");
+      if (g_services.wake_engine) g_services.wake_engine();
+    }
     return false;
   }
   // The application's own error (or no path left): it gets the completion it would have got.

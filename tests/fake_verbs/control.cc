@@ -18,7 +18,7 @@ Device* device_at(int index) {
 void fail_inflight_work_locked(Device* dev) {
   for (Qp* qp : fabric().qps) {
     if (qp->ctx->device != dev || qp->send_queue.empty()) continue;
-    ibv_qp_state st = qp->shell.qpx.qp_base.state;
+    ibv_qp_state st = qp->attr.qp_state;
     if (st != IBV_QPS_RTS && st != IBV_QPS_SQD) continue;
     fail_head_locked(qp, IBV_WC_RETRY_EXC_ERR);
   }

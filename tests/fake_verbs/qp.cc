@@ -156,7 +156,7 @@ const TransitionRule* find_rule(ibv_qp_state from, ibv_qp_state to) {
 }
 
 int validate_modify(Qp* qp, const ibv_qp_attr* attr, int mask) {
-  ibv_qp_state cur = qp->shell.qpx.qp_base.state;
+  ibv_qp_state cur = qp->attr.qp_state;
   if ((mask & IBV_QP_CUR_STATE) && attr->cur_qp_state != cur) return EINVAL;
   ibv_qp_state next = (mask & IBV_QP_STATE) ? attr->qp_state : cur;
   if (next == IBV_QPS_RESET || next == IBV_QPS_ERR) {
@@ -244,8 +244,8 @@ FAKE_EXPORT int ibv_query_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int, ibv_qp_init_a
   auto lock = fabric_lock();
   Qp* qp = to_qp(ibqp);
   *attr = qp->attr;
-  attr->qp_state = ibqp->state;
-  attr->cur_qp_state = ibqp->state;
+  attr->qp_state = to_qp(ibqp)->attr.qp_state;
+  attr->cur_qp_state = to_qp(ibqp)->attr.qp_state;
   attr->cap = qp->cap;
   attr->sq_draining = 0;
   if (init_attr != nullptr) {
@@ -282,7 +282,7 @@ namespace fake_verbs {
 int post_send_op(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
   auto lock = fabric_lock();
   Qp* qp = to_qp(ibqp);
-  ibv_qp_state st = ibqp->state;
+  ibv_qp_state st = qp->attr.qp_state;
   int err = 0;
   if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_RTR) {
     err = EINVAL;  // the send queue is not enabled before RTS
@@ -302,7 +302,7 @@ int post_recv_op(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
   auto lock = fabric_lock();
   Qp* qp = to_qp(ibqp);
   int err = 0;
-  if (qp->srq != nullptr || ibqp->state == IBV_QPS_RESET) err = EINVAL;
+  if (qp->srq != nullptr || qp->attr.qp_state == IBV_QPS_RESET) err = EINVAL;
   for (; err == 0 && wr != nullptr; wr = wr->next) {
     if (wr->num_sge < 0 || uint32_t(wr->num_sge) > qp->cap.max_recv_sge) {
       err = EINVAL;
@@ -315,7 +315,7 @@ int post_recv_op(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
     RecvWork rw;
     rw.wr_id = wr->wr_id;
     rw.sges.assign(wr->sg_list, wr->sg_list + wr->num_sge);
-    if (ibqp->state == IBV_QPS_ERR) {
+    if (qp->attr.qp_state == IBV_QPS_ERR) {
       ibv_wc wc{};
       wc.wr_id = rw.wr_id;
       wc.status = IBV_WC_WR_FLUSH_ERR;

@@ -71,7 +71,7 @@ int wr_complete(ibv_qp_ex* qpx) {
   Qp* qp = to_qp(qpx);
   auto lock = fabric_lock();
   int err = qp->in_batch ? qp->batch_error : EINVAL;
-  ibv_qp_state st = qpx->qp_base.state;
+  ibv_qp_state st = qp->attr.qp_state;
   if (err == 0 && (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_RTR)) err = EINVAL;
   if (err == 0) {
     for (const SendWork& w : qp->batch) {

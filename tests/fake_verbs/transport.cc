@@ -184,7 +184,7 @@ bool execute_head(Qp* qp) {
   // The wire: a dead path looks exactly like packet loss to the requester.
   Device* remote_dev = nullptr;
   Qp* r = resolve_remote(qp, &remote_dev);
-  ibv_qp_state rstate = r != nullptr ? r->shell.qpx.qp_base.state : IBV_QPS_RESET;
+  ibv_qp_state rstate = r != nullptr ? r->attr.qp_state : IBV_QPS_RESET;
   bool path_alive = remote_dev != nullptr && !local->drop && !remote_dev->drop &&
                     remote_dev->port_up &&
                     (rstate == IBV_QPS_RTR || rstate == IBV_QPS_RTS || rstate == IBV_QPS_SQD);
@@ -311,7 +311,7 @@ bool execute_head(Qp* qp) {
 }
 
 void pump(Qp* qp) {
-  while (qp->shell.qpx.qp_base.state == IBV_QPS_RTS && !qp->send_queue.empty())
+  while (qp->attr.qp_state == IBV_QPS_RTS && !qp->send_queue.empty())
     if (!execute_head(qp)) break;
 }
 
@@ -333,7 +333,8 @@ void progress_step_locked() {
 }
 
 void move_qp_to_error_locked(Qp* qp) {
-  qp->shell.qpx.qp_base.state = IBV_QPS_ERR;
+  // Like a device: the QP's own state changes; libibverbs' cached qp->state does not (only
+  // ibv_modify_qp updates it), so the application's view is not touched here.
   qp->attr.qp_state = IBV_QPS_ERR;
   while (!qp->send_queue.empty()) {
     SendWork w = std::move(qp->send_queue.front());
@@ -399,7 +400,7 @@ int enqueue_sends_locked(Qp* qp, std::vector<SendWork>&& works) {
   if (qp->send_queue.size() + works.size() > qp->cap.max_send_wr) return ENOMEM;
   Fabric& f = fabric();
   for (SendWork& w : works) {
-    if (qp->shell.qpx.qp_base.state == IBV_QPS_ERR) {
+    if (qp->attr.qp_state == IBV_QPS_ERR) {
       complete_send(qp, w, IBV_WC_WR_FLUSH_ERR);  // real HW: posting to ERR flushes at once
       continue;
     }

@@ -3,9 +3,18 @@
 #   check_run.sh pass RANKS COMMAND...  exit 0 and exactly RANKS "PASS" summary lines, no FAIL
 #   check_run.sh fail REGEX COMMAND...  non-zero exit and a line matching REGEX (the clear message)
 # The command's stdout and stderr are both checked and echoed.
+#   CHECK_RUN_STATS="failovers>=1 failbacks>=1": with the shim, the run writes its stats file
+#   (VERBS_FAILOVER_STATS is set here) and each total named must reach the given minimum — the
+#   proof that a failover really happened and the pass is not a run the fault never touched.
 set -u
 mode=$1 arg=$2
 shift 2
+stats_dir=
+if [[ -n ${CHECK_RUN_STATS:-} ]]; then
+  stats_dir=$(mktemp -d)
+  trap 'rm -rf "$stats_dir"' EXIT
+  export VERBS_FAILOVER_STATS="$stats_dir/stats.%p.json"
+fi
 out=$("$@" 2>&1)
 rc=$?
 printf '%s\n' "$out"
@@ -20,6 +29,20 @@ case $mode in
     if [[ -n ${CHECK_RUN_ALSO:-} ]] && ! grep -Eq -- "$CHECK_RUN_ALSO" <<<"$out"; then
       echo "check_run: no line matches: $CHECK_RUN_ALSO" >&2
       exit 1
+    fi
+    if [[ -n $stats_dir ]]; then
+      python3 - "$stats_dir" $CHECK_RUN_STATS <<'PY' || exit 1
+import glob, json, sys
+files = glob.glob(sys.argv[1] + "/stats.*.json")
+if len(files) != 1:
+    sys.exit(f"check_run: expected one stats file, found {len(files)}")
+totals = json.load(open(files[0]))["totals"]
+print("check_run: stats totals", totals)
+for rule in sys.argv[2:]:
+    name, minimum = rule.split(">=")
+    if totals.get(name, 0) < int(minimum):
+        sys.exit(f"check_run: stats {name}={totals.get(name, 0)}, expected >= {minimum}")
+PY
     fi ;;
   fail)
     if [[ $rc -eq 0 ]]; then

@@ -63,7 +63,11 @@ int run_local(const Options& options) {
     p.prev_name = "rank " + std::to_string(prev) + " (" + fake_device(host_of(prev), rail_of(prev)) + ")";
     p.to_next = OobLink(fds[0]);
     plans[static_cast<size_t>(next)].from_prev = OobLink(fds[1]);
-    if (r == 0) p.inject_port_down = port_down;  // rank 0's rail (host A, rail 0) goes down
+    if (r == 0) p.inject_port_down = port_down;
+    if (r == 0 && options.inject_port_up_after >= 0) {
+      p.inject_port_up = reinterpret_cast<int (*)(int)>(
+          dlvsym(verbs().handle, "fake_verbs_port_up", "FAKE_VERBS_1.0"));
+    }  // rank 0's rail (host A, rail 0) goes down
   }
   std::vector<int> passed(static_cast<size_t>(n), 0);
   std::vector<std::thread> threads;

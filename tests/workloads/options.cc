@@ -16,7 +16,8 @@ namespace {
                "       nccl_pattern --local-ranks 2|4 [common options]   (fake fabric, one process)\n"
                "common: --iters K --bytes S --chunk-bytes C --qps-per-conn Q --fifo-depth D\n"
                "        --gid-index G --ib-timeout T --timeout-s SEC --seed X\n"
-               "        --inject-port-down-after N   (single-process mode on the fake only)\n",
+               "        --inject-port-down-after N   (single-process mode on the fake only)\n"
+               "        --inject-port-up-after N     (then the port comes back after N chunks)\n",
                why);
   std::exit(2);
 }
@@ -54,6 +55,8 @@ Options parse_options(int argc, char** argv) {
     else if (flag == "--seed") o.seed = number(argv[i - 1], value);
     else if (flag == "--inject-port-down-after")
       o.inject_port_down_after = static_cast<int>(number(argv[i - 1], value));
+    else if (flag == "--inject-port-up-after")
+      o.inject_port_up_after = static_cast<int>(number(argv[i - 1], value));
     else usage(("unknown option " + flag).c_str());
   }
   if (o.local_ranks > 0) {

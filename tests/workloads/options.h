@@ -28,6 +28,7 @@ struct Options {
   int timeout_s = 60;                 // deadline of every wait
   uint64_t seed = 1;
   int inject_port_down_after = -1;    // fake only: port of rank 0's rail goes down after N chunks
+  int inject_port_up_after = -1;      // fake only: ... and comes back after N chunks (failback)
 };
 
 // Parses and validates; prints usage and exits 2 on a bad command line.

@@ -108,6 +108,7 @@ class RingRank {
   uint64_t cts_pending_ = 0;
   uint64_t chunks_posted_total_ = 0;
   bool injected_ = false;
+  bool restored_ = false;
 };
 
 RingRank::RingRank(RankPlan& plan)
@@ -260,6 +261,14 @@ bool RingRank::try_send_chunk(uint64_t seq, const uint8_t* src, uint64_t size) {
                 send_dev_->name.c_str(), chunks_posted_total_);
     std::fflush(stdout);
     plan_.inject_port_down(send_dev_->index);
+  }
+  if (plan_.inject_port_up != nullptr && injected_ && !restored_ &&
+      chunks_posted_total_ == static_cast<uint64_t>(opts_.inject_port_up_after)) {
+    restored_ = true;
+    std::printf("nccl_pattern: rank %d injecting fake_verbs_port_up(%s) after %" PRIu64 " chunks\n",
+                rank_, send_dev_->name.c_str(), chunks_posted_total_);
+    std::fflush(stdout);
+    plan_.inject_port_up(send_dev_->index);
   }
   return true;
 }

@@ -21,6 +21,7 @@ struct RankPlan {
   OobLink to_next;
   OobLink from_prev;
   int (*inject_port_down)(int) = nullptr;  // the fake's fault API, when requested
+  int (*inject_port_up)(int) = nullptr;
 };
 
 // Prints the rank's summary line (PASS with counters, or FAIL with the reason); true on PASS.
