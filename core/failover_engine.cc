@@ -32,6 +32,7 @@ constexpr int kConnectTimeoutMs = 300;
 constexpr std::uint64_t kPairingAnswerTimeoutNs = 2'000'000'000;
 constexpr std::uint64_t kRearmRetryNs = 1'000'000'000;
 constexpr int kMaxGidScan = 16;
+constexpr int kPairingRounds = 6;
 constexpr std::uint8_t kStandbyRdAtomic = 16;
 
 std::uint64_t realtime_ns() {
@@ -162,6 +163,7 @@ struct QpAttrs {  // what the application gave its QP, to re-connect the primary
 
 struct Protection {
   std::unique_ptr<VirtualQp> qp;
+  bool destroyed = false;  // the application destroyed the QP; kept for the stats only
   ibv_pd* app_pd = nullptr;
   QpKey local;
   QpKey remote;
@@ -635,10 +637,32 @@ void set_unprotected(Protection& p, std::string reason) {
   VF_LOG_WARN("qp {}: unprotected — {}", p.qp->vqpn, p.unprotected_reason);
 }
 
+bool gid_of_port(int device, std::uint8_t port, const Gid& gid) {
+  Engine& e = engine();
+  for (int index = 0; index < kMaxGidScan; ++index) {
+    ibv_gid raw{};
+    if (e.verbs.query_gid(e.devices[device].context, port, index, &raw) != 0) return false;
+    if (gid_of(raw) == gid) return true;
+  }
+  return false;
+}
+
+// The protected QP a peer names by (QPN, GID). A QP the application has not moved to RTR yet
+// (its GID index is not known) is found by its QPN and any GID of its port: a peer that reached
+// RTR first must not be refused.
 Protection* protection_by_key(const QpKey& key) {
   Engine& e = engine();
   for (auto& [v, p] : e.protections) {
+    if (p.destroyed) continue;
     if (p.local == key) return &p;
+  }
+  for (auto& [v, p] : e.protections) {
+    if (p.destroyed || p.local.qpn != 0 || v->vqpn != key.qpn) continue;
+    if (gid_of_port(v->path[kPrimary].device_index, v->path[kPrimary].port, key.gid)) {
+      p.local = key;
+      v->path[kPrimary].gid = key.gid;
+      return &p;
+    }
   }
   return nullptr;
 }
@@ -755,8 +779,9 @@ void try_next_candidate(Protection& p) {
   }
   // Nobody answered for this QP: the peer may not run the shim, or not be reachable.
   p.awaiting_session = 0;
-  if (++p.pairing_rounds < 3) {
-    p.retry_at_ns = monotonic_ns() + 500'000'000ull * static_cast<std::uint64_t>(p.pairing_rounds);
+  if (++p.pairing_rounds < kPairingRounds) {
+    // 0.5, 1, 2, 4, 8 s: a peer process that starts late still pairs.
+    p.retry_at_ns = monotonic_ns() + (500'000'000ull << (p.pairing_rounds - 1));
     p.next_candidate = 0;
     return;
   }
@@ -1031,7 +1056,9 @@ bool connect_path(Protection& p, int path, std::uint32_t qpn, const Gid& gid, st
   return path == kPrimary ? connect_primary(p, qpn, psn) : connect_standby(p, qpn, gid, psn, p.peer_mtu);
 }
 
-void path_restored(Protection& p, int path) {
+// may_fail_back: only the side that asked for the re-arm (it connects last, when the reply
+// arrives) starts the failback; the answering side's QP may still be reaching RTR otherwise.
+void path_restored(Protection& p, int path, bool may_fail_back) {
   VirtualQp& v = *p.qp;
   v.path[path].connected = true;
   v.path[path].failed = false;
@@ -1040,7 +1067,7 @@ void path_restored(Protection& p, int path) {
     VF_LOG_INFO("qp {}: protected again — the {} path is re-connected", v.vqpn, path_name(path));
     p.unprotected_reason.clear();
   }
-  if (path == kPrimary && v.active_path() == kStandby && engine().config.failback &&
+  if (may_fail_back && path == kPrimary && v.active_path() == kStandby && engine().config.failback &&
       !p.sw.in_progress) {
     start_switch(p, kPrimary, FailoverReason::kFailback);
   }
@@ -1064,7 +1091,7 @@ void handle_rearm(const vf::Rearm& message) {
   if (message.is_reply) {
     if (!p->rearm[path].awaiting) return;
     if (connect_path(*p, path, message.qpn, message.gid, message.psn)) {
-      path_restored(*p, path);
+      path_restored(*p, path, true);
     } else {
       p->rearm[path].awaiting = false;
     }
@@ -1084,7 +1111,7 @@ void handle_rearm(const vf::Rearm& message) {
     return;
   }
   send_rearm(*p, path, true);
-  path_restored(*p, path);
+  path_restored(*p, path, false);
 }
 
 void maybe_rearm(Protection& p, int path) {
@@ -1104,7 +1131,7 @@ void maybe_rearm(Protection& p, int path) {
   if (p.local == p.remote) {
     // A QP connected to itself (NCCL's flush QP): both ends are this QP.
     if (connect_path(p, path, v.path[path].qp->qp_num, v.path[path].gid, v.path[path].psn)) {
-      path_restored(p, path);
+      path_restored(p, path, true);
     }
     return;
   }
@@ -1126,6 +1153,7 @@ void on_port_change(int device, std::uint8_t port, ibv_port_state state) {
               port_state_name(state), port_state_name(before));
   const bool down = state != IBV_PORT_ACTIVE;
   for (auto& [key, p] : e.protections) {
+    if (p.destroyed) continue;
     VirtualQp& v = *p.qp;
     for (int path = 0; path < kPathCount; ++path) {
       if (v.path[path].device_index != device || v.path[path].port != port) continue;
@@ -1174,6 +1202,7 @@ void on_device_event(int device) {
     case IBV_EVENT_QP_ACCESS_ERR:
       // A standby QP of ours failed: that path needs re-arming before it can carry traffic.
       for (auto& [key, p] : e.protections) {
+        if (p.destroyed) continue;
         if (p.qp->path[kStandby].qp == event.element.qp) {
           p.qp->path[kStandby].failed = true;
           if (p.qp->active_path() == kStandby) start_switch(p, kPrimary, FailoverReason::kErrorCompletion);
@@ -1236,6 +1265,7 @@ void periodic_work() {
   Engine& e = engine();
   const std::uint64_t now = monotonic_ns();
   for (auto& [key, p] : e.protections) {
+    if (p.destroyed) continue;
     VirtualQp& v = *p.qp;
     if (v.link_error_seen.load(std::memory_order_relaxed) && !p.sw.in_progress) {
       v.path[v.active_path()].failed = true;
@@ -1290,6 +1320,7 @@ void periodic_work() {
 bool has_pending_work() {
   Engine& e = engine();
   for (auto& [key, p] : e.protections) {
+    if (p.destroyed) continue;
     if (p.pairing || p.pending_event != UINT32_MAX || p.rearm[0].needed || p.rearm[1].needed ||
         p.sw.in_progress || p.qp->translation_missing.load()) {
       return true;
@@ -1380,6 +1411,7 @@ void run_engine() {
             VF_LOG_DEBUG("control: session with {}:{} closed", ipv4_text(closed.remote_address),
                          closed.remote_port);
             for (auto& [key, p] : e.protections) {
+              if (p.destroyed) continue;
               if (p.pairing && p.awaiting_session == closed.id) {
                 p.awaiting_session = 0;
                 try_next_candidate(p);
@@ -1785,6 +1817,7 @@ void FailoverEngine::on_qp_destroy(ibv_qp* qp) {
   physical_states().erase(qp);
   // Keep the stats of a QP that existed (the file reports every QP of the run).
   Protection& p = it->second;
+  p.destroyed = true;
   p.qp->path[kStandby].qp = nullptr;
   p.pairing = false;
   p.sw.in_progress = false;
@@ -1813,6 +1846,7 @@ void FailoverEngine::on_mr_registered(ibv_mr* mr, void* addr, std::size_t length
   // Peers already paired learn it now (those pairing later get the table in the pairing).
   std::vector<std::uint64_t> told;
   for (auto& [key, p] : e.protections) {
+    if (p.destroyed) continue;
     if (!p.paired || p.peer.local || std::find(told.begin(), told.end(), p.peer.token) != told.end()) {
       continue;
     }
@@ -1830,6 +1864,7 @@ void FailoverEngine::on_mr_deregister(ibv_mr* mr) {
   erase_key(rkeys(), rkey_key(0, mr->rkey));
   std::vector<std::uint64_t> told;
   for (auto& [key, p] : e.protections) {
+    if (p.destroyed) continue;
     if (!p.paired || p.peer.local || std::find(told.begin(), told.end(), p.peer.token) != told.end()) {
       continue;
     }

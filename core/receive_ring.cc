@@ -3,14 +3,16 @@
 #include <errno.h>
 
 #include <algorithm>
+#include <bit>
 
 namespace vf {
 
 ReceiveRing::ReceiveRing(std::uint32_t capacity, std::uint32_t max_sge)
     : capacity_(std::clamp<std::uint32_t>(capacity, 1, kMaxCapacity)),
+      mask_(std::bit_ceil(capacity_) - 1),
       max_sge_(std::clamp<std::uint32_t>(max_sge, 1, kMaxSge)),
-      records_(capacity_),
-      sge_storage_(static_cast<std::size_t>(capacity_) * max_sge_) {}
+      records_(mask_ + 1),
+      sge_storage_(static_cast<std::size_t>(mask_ + 1) * max_sge_) {}
 
 int ReceiveRing::record(const ibv_recv_wr& wr) {
   if (pending() >= capacity_) return ENOMEM;

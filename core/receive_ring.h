@@ -36,6 +36,10 @@ class ReceiveRing {
   // wr_id), or nullptr.
   const ReceiveRecord* oldest() const { return head_ == tail_ ? nullptr : &records_[slot_of(head_)]; }
   std::uint64_t oldest_position() const { return head_; }
+  // The pending receive at this position, or nullptr.
+  const ReceiveRecord* at(std::uint64_t position) const {
+    return position >= head_ && position < tail_ ? &records_[slot_of(position)] : nullptr;
+  }
   std::uint64_t next_position() const { return tail_; }
   // Undoes the newest `count` records (the provider refused them).
   void drop_newest(std::uint32_t count) {
@@ -63,10 +67,11 @@ class ReceiveRing {
 
  private:
   std::uint32_t slot_of(std::uint64_t position) const {
-    return static_cast<std::uint32_t>(position % capacity_);
+    return static_cast<std::uint32_t>(position & mask_);
   }
 
-  std::uint32_t capacity_;
+  std::uint32_t capacity_;  // the receive queue's depth
+  std::uint32_t mask_;      // slots (capacity_ rounded up to a power of two) - 1
   std::uint32_t max_sge_;
   std::vector<ReceiveRecord> records_;
   std::vector<ibv_sge> sge_storage_;

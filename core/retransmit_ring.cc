@@ -3,6 +3,7 @@
 #include <errno.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 
 namespace vf {
@@ -19,11 +20,14 @@ bool SendRecord::is_atomic() const {
 RetransmitRing::RetransmitRing(std::uint32_t capacity, std::uint32_t max_sge,
                                std::uint32_t max_inline)
     : capacity_(std::clamp<std::uint32_t>(capacity, 1, kMaxCapacity)),
+      slots_(std::bit_ceil(capacity_)),
+      mask_(slots_ - 1),
       max_sge_(std::clamp<std::uint32_t>(max_sge, 1, kMaxSge)),
       max_inline_(max_inline),
-      records_(capacity_),
-      sge_storage_(static_cast<std::size_t>(capacity_) * max_sge_),
-      inline_storage_(static_cast<std::size_t>(capacity_) * max_inline_) {}
+      records_(slots_),
+      sge_storage_(static_cast<std::size_t>(slots_) * max_sge_),
+      inline_storage_(static_cast<std::size_t>(slots_) * max_inline_),
+      signaled_(slots_) {}
 
 int RetransmitRing::record(const ibv_send_wr& wr, bool signal_all) {
   if (outstanding() >= capacity_) return ENOMEM;
@@ -55,6 +59,7 @@ int RetransmitRing::record(const ibv_send_wr& wr, bool signal_all) {
   }
   if (entry.consumes_receive()) ++messages_posted_;
   entry.message_index = messages_posted_;
+  if (entry.signaled) push_signaled(tail_);
   ++next_sequence_;
   ++tail_;
   return 0;
@@ -64,19 +69,18 @@ void RetransmitRing::drop_newest(std::uint32_t count) {
   while (count-- > 0 && tail_ > head_) {
     --tail_;
     --next_sequence_;
+    if (sig_tail_ > sig_head_ && signaled_[(sig_tail_ - 1) & mask_] == tail_) --sig_tail_;
     if (records_[slot_of(tail_)].consumes_receive()) --messages_posted_;
   }
 }
 
 bool RetransmitRing::retire_next_signaled(std::uint64_t wr_id) {
-  for (std::uint64_t position = head_; position < tail_; ++position) {
-    const SendRecord& entry = records_[slot_of(position)];
-    if (!entry.signaled) continue;
-    if (entry.wr.wr_id != wr_id) return false;
-    head_ = position + 1;
-    return true;
-  }
-  return false;
+  if (sig_head_ == sig_tail_) return false;
+  const std::uint64_t position = signaled_[sig_head_ & mask_];
+  if (records_[slot_of(position)].wr.wr_id != wr_id) return false;
+  head_ = position + 1;
+  ++sig_head_;
+  return true;
 }
 
 bool RetransmitRing::retire_sequence(std::uint64_t sequence, SendRecord& out) {
@@ -86,6 +90,7 @@ bool RetransmitRing::retire_sequence(std::uint64_t sequence, SendRecord& out) {
     if (entry.sequence != sequence) return false;
     out = entry;
     head_ = position + 1;
+    drop_retired_signaled();
     return true;
   }
   return false;
@@ -103,6 +108,7 @@ void RetransmitRing::move_slot(std::uint32_t from, std::uint32_t to) {
 
 void RetransmitRing::retire_through(std::uint64_t sequence) {
   while (head_ < tail_ && records_[slot_of(head_)].sequence <= sequence) ++head_;
+  drop_retired_signaled();
 }
 
 bool RetransmitRing::replay_set(std::uint64_t delivered_messages,

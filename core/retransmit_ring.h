@@ -93,16 +93,27 @@ class RetransmitRing {
 
  private:
   std::uint32_t slot_of(std::uint64_t position) const {
-    return static_cast<std::uint32_t>(position % capacity_);
+    return static_cast<std::uint32_t>(position & mask_);
   }
   void move_slot(std::uint32_t from, std::uint32_t to);
+  void push_signaled(std::uint64_t position) { signaled_[sig_tail_++ & mask_] = position; }
+  void drop_retired_signaled() {
+    while (sig_head_ < sig_tail_ && signaled_[sig_head_ & mask_] < head_) ++sig_head_;
+  }
 
-  std::uint32_t capacity_;
+  std::uint32_t capacity_;  // how many requests may be outstanding (the send queue's depth)
+  std::uint32_t slots_;     // capacity_ rounded up to a power of two: a slot is a mask away
+  std::uint32_t mask_;
   std::uint32_t max_sge_;
   std::uint32_t max_inline_;
   std::vector<SendRecord> records_;
   std::vector<ibv_sge> sge_storage_;           // capacity * max_sge
   std::vector<std::uint8_t> inline_storage_;   // capacity * max_inline
+  // Positions of the outstanding signaled requests, oldest first: a completion retires through
+  // the oldest one without walking the unsignaled requests before it.
+  std::vector<std::uint64_t> signaled_;
+  std::uint64_t sig_head_ = 0;
+  std::uint64_t sig_tail_ = 0;
   std::uint64_t head_ = 0;  // oldest outstanding position
   std::uint64_t tail_ = 0;  // next free position
   std::uint64_t next_sequence_ = 1;
@@ -112,9 +123,11 @@ class RetransmitRing {
 template <typename Keep>
 void RetransmitRing::compact(Keep&& keep) {
   std::uint64_t write = head_;
+  sig_head_ = sig_tail_ = 0;
   for (std::uint64_t read = head_; read < tail_; ++read) {
     if (!keep(static_cast<const SendRecord&>(records_[slot_of(read)]))) continue;
     if (write != read) move_slot(slot_of(read), slot_of(write));
+    if (records_[slot_of(write)].signaled) push_signaled(write);
     ++write;
   }
   tail_ = write;

@@ -24,6 +24,9 @@ namespace vf {
 class VirtualQp;
 
 inline constexpr int kPathCount = 2;
+// Standby receives carry their ring position with this bit set, standby sends their ring
+// sequence without it: an error completion (whose opcode is undefined) still says which it is.
+inline constexpr std::uint64_t kStandbyReceiveTag = 1ull << 63;
 inline constexpr int kPrimary = static_cast<int>(PathId::kPrimary);
 inline constexpr int kStandby = static_cast<int>(PathId::kStandby);
 inline constexpr int other_path(int path) { return 1 - path; }
@@ -88,7 +91,9 @@ struct CqState {
   // completion as the application's poll would. False if the stash filled up first.
   bool drain_into_stash(int path);
 
-  int poll_physical(int path, int num_entries, ibv_wc* wc);  // under lock
+  // Under lock: polls `path`'s physical CQ, keeps what the application must see (returned);
+  // *raw says how many the provider gave (hidden ones included).
+  int poll_physical(int path, int num_entries, ibv_wc* wc, int* raw = nullptr);
 };
 
 // Staging for the ibv_wr_* API: the requests of one wr_start..wr_complete batch.
@@ -148,9 +153,9 @@ class VirtualQp {
   // ---- data path (application threads) ----
   int post_send(ibv_send_wr* wr, ibv_send_wr** bad_wr);
   int post_recv(ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
-  // One completion polled from `path`'s physical CQ: bookkeeping, translation to what the
-  // application must see. Returns false when it must not reach the application.
-  bool on_completion(int path, ibv_wc& wc);
+  // One completion polled from `path`'s physical CQ, under lock(): bookkeeping, translation to
+  // what the application must see. Returns false when it must not reach the application.
+  bool on_completion_locked(int path, ibv_wc& wc);
   // ibv_wr_* batch (perftest's default API): the shim's wr_* hooks call these.
   // wr_start takes the QP's lock and wr_complete/wr_abort release it, so a batch is never split
   // by a switch. In direct mode the hooks also call the provider's functions; in routed mode the

@@ -64,8 +64,8 @@ VirtualQp::VirtualQp(ibv_qp* qp, const ibv_context_ops* ops, const ibv_qp_cap& c
       recv_cq(rcq),
       max_inline(cap.max_inline_data),
       max_send_sge(std::max<std::uint32_t>(cap.max_send_sge, 1)),
-      send_ring_(cap.max_send_wr + 1, cap.max_send_sge, cap.max_inline_data),
-      recv_ring_(cap.max_recv_wr + 1, cap.max_recv_sge) {
+      send_ring_(cap.max_send_wr, cap.max_send_sge, cap.max_inline_data),
+      recv_ring_(cap.max_recv_wr, cap.max_recv_sge) {
   const std::size_t batch = std::max<std::uint32_t>(cap.max_send_wr, 1);
   batch_.wrs.resize(batch);
   batch_.sges.resize(batch * max_send_sge);
@@ -233,7 +233,7 @@ bool VirtualQp::post_one_recv(std::uint64_t position, const ReceiveRecord& recor
     }
   }
   ibv_recv_wr wr{};
-  wr.wr_id = p == kStandby ? position : record.wr_id;
+  wr.wr_id = p == kStandby ? (position | kStandbyReceiveTag) : record.wr_id;
   wr.sg_list = sges;
   wr.num_sge = static_cast<int>(record.num_sge);
   ibv_recv_wr* bad = nullptr;
@@ -295,26 +295,28 @@ bool VirtualQp::on_error_completion(int p, ibv_wc& wc) {
   if (!is_link_failure(wc.status)) application_failed.store(true, std::memory_order_relaxed);
   if (p == kStandby) {
     wc.qp_num = vqpn;
-    SendRecord record;
-    if (send_ring_.retire_sequence(wc.wr_id, record)) wc.wr_id = record.wr.wr_id;
+    if (wc.wr_id & kStandbyReceiveTag) {
+      if (const ReceiveRecord* record = recv_ring_.at(wc.wr_id & ~kStandbyReceiveTag)) {
+        wc.wr_id = record->wr_id;
+      }
+    } else {
+      SendRecord record;
+      if (send_ring_.retire_sequence(wc.wr_id, record)) wc.wr_id = record.wr.wr_id;
+    }
   }
   return true;
 }
 
-bool VirtualQp::on_completion(int p, ibv_wc& wc) {
-  lock_.lock();
+bool VirtualQp::on_completion_locked(int p, ibv_wc& wc) {
   if (__builtin_expect(!accepting_[p], 0)) {
     // A path traffic has left: whatever it still reports was drained, replayed or synthesized.
     if (wc.status != IBV_WC_SUCCESS) {
       counters.hidden_error_completions.fetch_add(1, std::memory_order_relaxed);
     }
-    lock_.unlock();
     return false;
   }
   if (__builtin_expect(wc.status != IBV_WC_SUCCESS, 0)) {
-    const bool keep = mode_ == PostMode::kBypass ? true : on_error_completion(p, wc);
-    lock_.unlock();
-    return keep;
+    return mode_ == PostMode::kBypass ? true : on_error_completion(p, wc);
   }
   const bool receive = (wc.opcode & IBV_WC_RECV) != 0;
   if (p == kPrimary) {
@@ -329,10 +331,9 @@ bool VirtualQp::on_completion(int p, ibv_wc& wc) {
     wc.qp_num = vqpn;
     if (receive) {
       const ReceiveRecord* oldest = recv_ring_.oldest();
-      if (oldest == nullptr || wc.wr_id != recv_ring_.oldest_position()) {
+      if (oldest == nullptr || wc.wr_id != (recv_ring_.oldest_position() | kStandbyReceiveTag)) {
         VF_LOG_ERROR("qp {}: standby receive completion {:#x} out of order; hidden", vqpn,
                      wc.wr_id);
-        lock_.unlock();
         return false;
       }
       wc.wr_id = oldest->wr_id;
@@ -341,7 +342,6 @@ bool VirtualQp::on_completion(int p, ibv_wc& wc) {
       SendRecord record;
       if (!send_ring_.retire_sequence(wc.wr_id, record)) {
         VF_LOG_ERROR("qp {}: standby send completion {} not in the ring; hidden", vqpn, wc.wr_id);
-        lock_.unlock();
         return false;
       }
       wc.wr_id = record.wr.wr_id;
@@ -351,23 +351,32 @@ bool VirtualQp::on_completion(int p, ibv_wc& wc) {
     counters.resumed_unix_ns.store(realtime_ns(), std::memory_order_relaxed);
     awaiting_resume.store(false, std::memory_order_relaxed);
   }
-  lock_.unlock();
   return true;
 }
 
-int CqState::poll_physical(int p, int num_entries, ibv_wc* wc) {
+int CqState::poll_physical(int p, int num_entries, ibv_wc* wc, int* raw) {
   ibv_cq* cq = p == kPrimary ? app_cq : shadow;
   const int device = p == kPrimary ? device_index : shadow_device_index;
   const int polled = p == kPrimary ? provider->poll_cq(cq, num_entries, wc)
                                    : cq->context->ops.poll_cq(cq, num_entries, wc);
+  if (raw != nullptr) *raw = polled;
   if (polled <= 0) return polled;
+  // Completions come in runs of one QP: one lookup and one lock per run, not per completion.
   int kept = 0;
+  VirtualQp* qp = nullptr;
+  std::uint32_t qpn = 0;
   for (int i = 0; i < polled; ++i) {
-    VirtualQp* qp = g_services.find_by_qpn(device, wc[i].qp_num);
-    if (qp != nullptr && !qp->on_completion(p, wc[i])) continue;
+    if (i == 0 || wc[i].qp_num != qpn) {
+      if (qp != nullptr) qp->lock().unlock();
+      qpn = wc[i].qp_num;
+      qp = g_services.find_by_qpn(device, qpn);
+      if (qp != nullptr) qp->lock().lock();
+    }
+    if (qp != nullptr && !qp->on_completion_locked(p, wc[i])) continue;
     if (kept != i) wc[kept] = wc[i];
     ++kept;
   }
+  if (qp != nullptr) qp->lock().unlock();
   return kept;
 }
 
@@ -403,9 +412,11 @@ bool CqState::drain_into_stash(int p) {
       complete = false;
       break;
     }
-    const int polled = p == kPrimary || shadow != nullptr ? poll_physical(p, 16, batch) : 0;
-    if (polled <= 0) break;
-    for (int i = 0; i < polled; ++i) stash.push(batch[i]);
+    if (p == kStandby && shadow == nullptr) break;
+    int raw = 0;
+    const int kept = poll_physical(p, 16, batch, &raw);
+    for (int i = 0; i < kept; ++i) stash.push(batch[i]);
+    if (raw < 16) break;  // the provider's CQ is empty (hidden completions count as polled)
   }
   if (stash.size() > 0) stash_nonempty.store(true, std::memory_order_relaxed);
   lock.unlock();

@@ -203,7 +203,12 @@ ibv_qp* create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr) {
                         qp->qp_num, attr->send_ops_flags);
           } else {
             FailoverEngine::instance().on_qp_created(qp, *attr);
-            if (send_ops) install_protected_wr_hooks(reinterpret_cast<ibv_qp_ex*>(qp));
+            if (send_ops && FailoverEngine::instance().virtual_qp(qp) != nullptr) {
+              install_protected_wr_hooks(reinterpret_cast<ibv_qp_ex*>(qp));
+              VF_LOG_INFO("qp {}: uses the ibv_wr_* API (send_ops_flags {:#x}); its batches are "
+                          "recorded for replay",
+                          qp->qp_num, attr->send_ops_flags);
+            }
           }
         }
         return qp;

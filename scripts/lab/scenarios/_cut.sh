@@ -16,6 +16,7 @@ source "$LAB_DIR/scenarios/_nccl_pattern_ring.sh"
 # is a set-up failure (lab_fail), not a pass.
 CUT_PERFTEST_ITERS=${VF_CUT_PERFTEST_ITERS:-3000}  # x 64 KiB
 CUT_PINGPONG_ITERS=${VF_CUT_PINGPONG_ITERS:-2000}  # x 4 KiB round trips
+CUT_RPING_COUNT=${VF_CUT_RPING_COUNT:-3000}        # x 1 KiB verified pings
 CUT_NCCL_ITERS=${VF_CUT_NCCL_ITERS:-150}           # x 128 KiB all-reduce per ring (~25 s)
 CUT_AFTER=2    # seconds of traffic before the fault
 CUT_BOUND=120  # seconds after the fault for every process to finish
@@ -39,8 +40,23 @@ cut_start() {
       CUT_JOBS=("${NCCL_JOBS[@]}")
       CUT_PROTECTED=(A:p0 B:p0)
       ;;
-    rc_pingpong)
+    rping)
+      # librdmacm: the QPs are created by rdma_create_qp and connected by rdma_connect; rping
+      # sleeps on a completion channel. -V verifies every ping's payload.
+      local addr
+      addr=$(ip_of B rail0)
+      app B srv "${CUT_ENV[@]}" -- stdbuf -oL rping -s -a "$addr" -p "$LAB_PORT" -C "$CUT_RPING_COUNT" -S 1024
+      wait_cm_listen B "$addr" 30 || lab_fail "rping server on B is not listening on $addr"
+      app A cli "${CUT_ENV[@]}" -- stdbuf -oL rping -c -a "$addr" -p "$LAB_PORT" -C "$CUT_RPING_COUNT" -S 1024 -V -v
+      wait_log A cli 'ping data' 30 || lab_fail "rping did not start"
+      CUT_JOBS=(A:cli B:srv)
+      CUT_PROTECTED=(A:cli B:srv)
+      ;;
+    rc_pingpong | rc_pingpong_events)
       local args=(-d rxe0 -g 1 -p "$LAB_PORT" -n "$CUT_PINGPONG_ITERS" -s 4096)
+      # -e: both sides sleep on a completion channel (ibv_req_notify_cq, ibv_get_cq_event,
+      # ibv_ack_cq_events) instead of busy polling.
+      [[ $workload == rc_pingpong_events ]] && args+=(-e)
       app B srv "${CUT_ENV[@]}" -- stdbuf -oL ibv_rc_pingpong "${args[@]}"
       wait_listen B "$LAB_PORT" 30 || lab_fail "ibv_rc_pingpong server on B is not listening on $LAB_PORT"
       app A cli "${CUT_ENV[@]}" -- stdbuf -oL ibv_rc_pingpong "${args[@]}" "$(ip_of B mgmt)"
@@ -73,7 +89,14 @@ cut_workload_ok() {
   done
   case $workload in
     nccl_pattern) nccl_check_pass || rc=1 ;;
-    rc_pingpong)
+    rping)
+      # rping -v prints one "ping data" line per verified ping on the client.
+      local pings
+      pings=$(grep -c 'ping data' "$SCEN_DIR/A/cli.log")
+      figure pings "$pings"
+      [[ $pings == "$CUT_RPING_COUNT" ]] || { note "rping: $pings of $CUT_RPING_COUNT pings verified"; rc=1; }
+      ;;
+    rc_pingpong | rc_pingpong_events)
       # "1000 iters in 9.87 seconds = 9870.00 usec/iter", printed by both sides.
       for j in A:cli B:srv; do
         grep -q "^$CUT_PINGPONG_ITERS iters in " "$SCEN_DIR/${j%%:*}/${j#*:}.log" ||

@@ -1,0 +1,1239 @@
+/* Exactly-once failover at every interesting cut point, on the FAKE libibverbs (docs/fake_verbs.md).
+
+   Two RC QPs in one process: A on fake0, B on fake2 (their standbys, made by the shim, live on
+   fake1/fake3). A scenario runs traffic, cuts fake0's port (fake_verbs_port_down) at a precise
+   point, and then checks, from the application's point of view only:
+     - every signaled send WR completes exactly once, successfully, in posting order, with its
+       wr_id and opcode (RDMA_READ: byte_len too); no error completion ever surfaces; every
+       completion's qp_num is the application's QP;
+     - every receive-consuming message (SEND, SEND_WITH_IMM, RDMA_WRITE_WITH_IMM) gives exactly
+       one receive completion at the peer, in order, on the next posted receive (wr_id), with the
+       right opcode, imm_data, byte_len and payload; when it arrives, every RDMA_WRITE posted
+       before it already holds its bytes at the receiver (RC ordering, the point of WRITE_WITH_IMM);
+     - at the end, RDMA_WRITE targets hold the expected bytes, and regions the receiver took over
+       after a delivered message (it overwrote them with a marker) were NOT overwritten again by a
+       replay; RDMA_READ destinations hold the source bytes;
+     - ibv_query_qp and qp->state say RTS; no async event is pending on either context
+       (non-blocking ibv_get_async_event);
+     - after the cut, a fresh round of traffic in both directions works, and a quiet window of
+       progress steps brings no further (duplicate) completion.
+   The shim's stats file (failovers >= 1 for both QPs) is checked by run_exactly_once.sh.
+
+   Usage: exactly_once SCENARIO [--wr-api] [--timeout-ms N]
+          exactly_once selftest      (feeds duplicates/losses/reorders to the checker itself)
+   Scenarios: see the table at the end of the file. Output: "PASS ..." and exit 0; "FAIL: ..."
+   lines and exit 1; "SETUP: ..." and exit 3 when the cut point could not be established (then
+   the run proves nothing either way). Waits are bounded polling loops (each poll is one progress
+   step of the fake); nothing sleeps. */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <infiniband/verbs.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "tests/common/rc_connect.h"
+#include "tests/fake_verbs/fake_verbs_control.h"
+
+#define BUF_SIZE (1u << 20)
+#define SRC_BASE 0u            /* locally written sources and READ destinations */
+#define SRC_END (256u << 10)
+#define RECV_BASE (256u << 10) /* receive slots */
+#define RECV_SLOT 512u
+#define RECV_SLOTS 64u
+#define TGT_BASE (512u << 10) /* targets of the peer's RDMA WRITE / sources of its READ */
+#define TGT_END BUF_SIZE
+#define MAX_EXP 512
+#define MAX_SEND_WR 64
+#define MAX_RECV_WR 64
+#define MAX_INLINE 128
+#define CQ_SIZE 512
+#define BIG_DELAY 1000000u /* progress steps: "held on the wire until the port dies" */
+#define MARKER 0x5a
+#define CLOBBER 0xee
+
+/* ------------------------------------------------------------------ fake control API */
+
+static struct {
+  int (*port_down)(int);
+  int (*port_up)(int);
+  int (*set_delay)(int, unsigned);
+  void (*progress)(void);
+  int (*qp_stats)(uint32_t, struct fake_verbs_qp_stats*);
+  int (*dev_stats)(int, struct fake_verbs_device_stats*);
+  void (*reset)(void);
+} fv;
+
+static void* fake_sym(const char* name) {
+  void* p = dlvsym(RTLD_DEFAULT, name, FAKE_VERBS_CONTROL_VERSION);
+  if (p == NULL) {
+    printf("SETUP: %s@%s not found: not running on the fake libibverbs\n", name,
+           FAKE_VERBS_CONTROL_VERSION);
+    exit(3);
+  }
+  return p;
+}
+
+/* ------------------------------------------------------------------ reporting */
+
+static int g_failures = 0;
+static int g_quiet = 0; /* selftest: count failures without printing */
+static int g_timeout_ms = 10000;
+static const char* g_scenario = "?";
+
+static void fail(const char* fmt, ...) {
+  ++g_failures;
+  if (g_quiet) return;
+  va_list ap;
+  va_start(ap, fmt);
+  printf("FAIL: [%s] ", g_scenario);
+  vprintf(fmt, ap);
+  printf("\n");
+  va_end(ap);
+  fflush(stdout);
+}
+
+static void setup_fail(const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  printf("SETUP: [%s] ", g_scenario);
+  vprintf(fmt, ap);
+  printf(" (errno=%d %s)\n", errno, strerror(errno));
+  va_end(ap);
+  fflush(stdout);
+  exit(3);
+}
+
+static long long now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static uint8_t pattern_byte(uint32_t seed, uint32_t i) {
+  uint32_t x = seed * 2654435761u ^ (i + 1) * 40503u;
+  x ^= x >> 13;
+  x *= 0x5bd1e995u;
+  x ^= x >> 15;
+  return (uint8_t)x;
+}
+
+static void fill_pattern(uint8_t* p, uint32_t len, uint32_t seed) {
+  for (uint32_t i = 0; i < len; ++i) p[i] = pattern_byte(seed, i);
+}
+
+/* Index of the first wrong byte, or -1. */
+static long check_pattern(const uint8_t* p, uint32_t len, uint32_t seed) {
+  for (uint32_t i = 0; i < len; ++i)
+    if (p[i] != pattern_byte(seed, i)) return (long)i;
+  return -1;
+}
+
+static long check_fill(const uint8_t* p, uint32_t len, uint8_t value) {
+  for (uint32_t i = 0; i < len; ++i)
+    if (p[i] != value) return (long)i;
+  return -1;
+}
+
+/* ------------------------------------------------------------------ model of the test */
+
+struct side;
+
+struct exp_send { /* a signaled send WR, in posting order */
+  uint64_t wr_id;
+  enum ibv_wc_opcode opcode;
+  int is_read;
+  uint32_t len;
+  uint32_t mem; /* READ: index of its exp_mem entry */
+};
+
+struct exp_msg { /* a receive-consuming message the side will receive, in order */
+  enum ibv_wc_opcode opcode;
+  int with_imm;
+  uint32_t imm; /* host order */
+  uint32_t len;
+  uint32_t seed;       /* SEND payload */
+  int carries_payload; /* SEND/SEND_WITH_IMM: payload in the receive buffer */
+  uint32_t mem_before; /* exp_mem entries recorded before it was posted */
+};
+
+struct posted_recv {
+  uint64_t wr_id;
+  uint32_t slot;
+};
+
+struct exp_mem { /* expected final content of a region */
+  struct side* where;
+  uint32_t off, len;
+  uint32_t seed;
+  int marker;    /* the owner overwrote it with MARKER after the notifying message */
+  int is_read;   /* a READ destination (valid once the READ completed) */
+  int read_done;
+};
+
+struct side {
+  const char* name;
+  int dev_index;
+  uint64_t wr_base;
+  struct ibv_context* ctx;
+  struct ibv_pd* pd;
+  struct ibv_mr* mr;
+  struct ibv_cq* cq;
+  struct ibv_cq* rcq; /* --split-cq: receives complete here; else == cq */
+  struct ibv_qp* qp;
+  struct ibv_qp_ex* qpx; /* --wr-api */
+  uint8_t* buf;
+  union ibv_gid gid;
+  struct ibv_qp_cap cap;
+  struct side* peer;
+  struct exp_send sends[MAX_EXP];
+  int n_sends, got_sends;
+  struct exp_msg msgs[MAX_EXP];
+  int n_msgs, got_msgs;
+  struct posted_recv recvs[MAX_EXP];
+  int n_recvs;
+  uint32_t src_next, tgt_next;
+  uint64_t next_wr;
+  /* a batch of send WRs being built (posted by flush()) */
+  struct ibv_send_wr batch[MAX_SEND_WR];
+  struct ibv_sge batch_sge[MAX_SEND_WR];
+  uint32_t batch_src[MAX_SEND_WR]; /* source offsets (inline buffers to clobber) */
+  int batch_n;
+  int batching;
+};
+
+static struct side g_a = {.name = "A", .dev_index = 0, .wr_base = 0xa000000000ull};
+static struct side g_b = {.name = "B", .dev_index = 2, .wr_base = 0xb000000000ull};
+static struct exp_mem g_mem[MAX_EXP];
+static uint32_t g_n_mem = 0;
+static uint32_t g_seed = 1000;
+static int g_wr_api = 0;
+static int g_sig_all = 0;  /* --sig-all: QPs with sq_sig_all, every WR completes */
+static int g_split_cq = 0; /* --split-cq: separate send and receive CQs */
+
+static uint32_t bump(uint32_t* next, uint32_t len, uint32_t end, const char* what) {
+  uint32_t off = *next;
+  *next += (len + 63u) & ~63u;
+  if (*next > end) setup_fail("out of %s space", what);
+  return off;
+}
+
+static enum ibv_wc_opcode wc_opcode_of(enum ibv_wr_opcode op) {
+  switch (op) {
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM: return IBV_WC_RDMA_WRITE;
+    case IBV_WR_RDMA_READ: return IBV_WC_RDMA_READ;
+    default: return IBV_WC_SEND;
+  }
+}
+
+static int consumes_receive(enum ibv_wr_opcode op) {
+  return op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_RDMA_WRITE_WITH_IMM;
+}
+
+enum { SIG = 1, INL = 2 };
+
+/* Records the expectations of one send WR of `s` and fills its source; returns its index in the
+   batch. The WR is posted by flush() (immediately unless s->batching). */
+static void flush(struct side* s);
+
+static uint64_t post_op(struct side* s, enum ibv_wr_opcode op, uint32_t len, int flags,
+                        uint32_t imm) {
+  struct side* peer = s->peer;
+  if (s->batch_n >= MAX_SEND_WR) setup_fail("batch too long");
+  const uint64_t wr_id = s->wr_base + ++s->next_wr;
+  const uint32_t seed = ++g_seed;
+  const uint32_t src = bump(&s->src_next, len ? len : 1, SRC_END, "source");
+  uint32_t tgt = 0;
+  const uint32_t mem_before = g_n_mem;
+  if (g_n_mem >= MAX_EXP || s->n_sends >= MAX_EXP || peer->n_msgs >= MAX_EXP)
+    setup_fail("too many expectations");
+  if (op == IBV_WR_RDMA_READ) {
+    tgt = bump(&peer->tgt_next, len, TGT_END, "target");
+    fill_pattern(peer->buf + tgt, len, seed); /* the peer's application data */
+    memset(s->buf + src, 0, len);
+    g_mem[g_n_mem] = (struct exp_mem){.where = s, .off = src, .len = len, .seed = seed,
+                                      .is_read = 1};
+    ++g_n_mem;
+  } else {
+    fill_pattern(s->buf + src, len, seed);
+    if (op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM) {
+      tgt = bump(&peer->tgt_next, len ? len : 1, TGT_END, "target");
+      memset(peer->buf + tgt, 0, len);
+      g_mem[g_n_mem++] = (struct exp_mem){.where = peer, .off = tgt, .len = len, .seed = seed};
+    }
+  }
+  if (consumes_receive(op)) {
+    struct exp_msg* m = &peer->msgs[peer->n_msgs++];
+    m->opcode = op == IBV_WR_RDMA_WRITE_WITH_IMM ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV;
+    m->with_imm = op != IBV_WR_SEND;
+    m->imm = imm;
+    m->len = len;
+    m->seed = seed;
+    m->carries_payload = op != IBV_WR_RDMA_WRITE_WITH_IMM;
+    m->mem_before = mem_before;
+  }
+  if ((flags & SIG) || g_sig_all) {
+    struct exp_send* e = &s->sends[s->n_sends++];
+    e->wr_id = wr_id;
+    e->opcode = wc_opcode_of(op);
+    e->is_read = op == IBV_WR_RDMA_READ;
+    e->len = len;
+    e->mem = op == IBV_WR_RDMA_READ ? g_n_mem - 1 : 0;
+  }
+  /* The WR itself. */
+  const int i = s->batch_n++;
+  struct ibv_send_wr* wr = &s->batch[i];
+  memset(wr, 0, sizeof *wr);
+  wr->wr_id = wr_id;
+  wr->opcode = op;
+  wr->send_flags = ((flags & SIG) ? IBV_SEND_SIGNALED : 0) | ((flags & INL) ? IBV_SEND_INLINE : 0);
+  wr->imm_data = htonl(imm);
+  s->batch_sge[i].addr = (uintptr_t)(s->buf + src);
+  s->batch_sge[i].length = len;
+  s->batch_sge[i].lkey = s->mr->lkey;
+  s->batch_src[i] = src;
+  wr->sg_list = &s->batch_sge[i];
+  wr->num_sge = len ? 1 : 0;
+  if (op != IBV_WR_SEND && op != IBV_WR_SEND_WITH_IMM) {
+    wr->wr.rdma.remote_addr = (uintptr_t)(peer->buf + tgt);
+    wr->wr.rdma.rkey = peer->mr->rkey;
+  }
+  if (!s->batching) flush(s);
+  return wr_id;
+}
+
+static void flush(struct side* s) {
+  const int n = s->batch_n;
+  if (n == 0) return;
+  int rc;
+  if (!g_wr_api) {
+    for (int i = 0; i + 1 < n; ++i) s->batch[i].next = &s->batch[i + 1];
+    s->batch[n - 1].next = NULL;
+    struct ibv_send_wr* bad = NULL;
+    rc = ibv_post_send(s->qp, &s->batch[0], &bad);
+  } else {
+    struct ibv_qp_ex* q = s->qpx;
+    ibv_wr_start(q);
+    for (int i = 0; i < n; ++i) {
+      const struct ibv_send_wr* wr = &s->batch[i];
+      q->wr_id = wr->wr_id;
+      q->wr_flags = wr->send_flags & (IBV_SEND_SIGNALED | IBV_SEND_INLINE);
+      switch (wr->opcode) {
+        case IBV_WR_SEND: ibv_wr_send(q); break;
+        case IBV_WR_SEND_WITH_IMM: ibv_wr_send_imm(q, wr->imm_data); break;
+        case IBV_WR_RDMA_WRITE: ibv_wr_rdma_write(q, wr->wr.rdma.rkey, wr->wr.rdma.remote_addr); break;
+        case IBV_WR_RDMA_WRITE_WITH_IMM:
+          ibv_wr_rdma_write_imm(q, wr->wr.rdma.rkey, wr->wr.rdma.remote_addr, wr->imm_data);
+          break;
+        case IBV_WR_RDMA_READ: ibv_wr_rdma_read(q, wr->wr.rdma.rkey, wr->wr.rdma.remote_addr); break;
+        default: setup_fail("opcode");
+      }
+      if (wr->send_flags & IBV_SEND_INLINE) {
+        ibv_wr_set_inline_data(q, (void*)(uintptr_t)s->batch_sge[i].addr, s->batch_sge[i].length);
+      } else if (wr->num_sge) {
+        ibv_wr_set_sge(q, s->batch_sge[i].lkey, s->batch_sge[i].addr, s->batch_sge[i].length);
+      } else {
+        ibv_wr_set_sge_list(q, 0, NULL);
+      }
+    }
+    rc = ibv_wr_complete(q);
+  }
+  if (rc != 0) {
+    errno = rc;
+    fail("%s: posting %d send WR(s) failed: %s", s->name, n, strerror(rc));
+  }
+  /* The application reuses inline buffers as soon as the post returned. */
+  for (int i = 0; i < n; ++i) {
+    if (s->batch[i].send_flags & IBV_SEND_INLINE)
+      memset(s->buf + s->batch_src[i], CLOBBER, s->batch_sge[i].length);
+  }
+  s->batch_n = 0;
+}
+
+static void begin_batch(struct side* s) { s->batching = 1; }
+static void end_batch(struct side* s) {
+  s->batching = 0;
+  flush(s);
+}
+
+static void post_recvs(struct side* s, int count) {
+  for (int k = 0; k < count; ++k) {
+    if (s->n_recvs >= (int)RECV_SLOTS) setup_fail("%s: out of receive slots", s->name);
+    struct posted_recv* r = &s->recvs[s->n_recvs];
+    r->wr_id = s->wr_base + 0x800000ull + (uint64_t)s->n_recvs;
+    r->slot = (uint32_t)s->n_recvs % RECV_SLOTS;
+    memset(s->buf + RECV_BASE + r->slot * RECV_SLOT, 0, RECV_SLOT);
+    struct ibv_sge sge = {.addr = (uintptr_t)(s->buf + RECV_BASE + r->slot * RECV_SLOT),
+                          .length = RECV_SLOT,
+                          .lkey = s->mr->lkey};
+    struct ibv_recv_wr wr = {.wr_id = r->wr_id, .sg_list = &sge, .num_sge = 1};
+    struct ibv_recv_wr* bad = NULL;
+    const int rc = ibv_post_recv(s->qp, &wr, &bad);
+    if (rc != 0) {
+      fail("%s: ibv_post_recv failed: %s", s->name, strerror(rc));
+      return;
+    }
+    ++s->n_recvs;
+  }
+}
+
+/* ------------------------------------------------------------------ completion checks */
+
+static const char* wc_desc(const struct ibv_wc* wc) {
+  static char text[256];
+  snprintf(text, sizeof text,
+           "wr_id=%#llx status=%s(%d) opcode=%d byte_len=%u imm=%#x flags=%#x qp_num=%u",
+           (unsigned long long)wc->wr_id, ibv_wc_status_str(wc->status), wc->status, wc->opcode,
+           wc->byte_len, ntohl(wc->imm_data), wc->wc_flags, wc->qp_num);
+  return text;
+}
+
+static long check_mem_entry(const struct exp_mem* m) {
+  const uint8_t* p = m->where->buf + m->off;
+  return m->marker ? check_fill(p, m->len, MARKER) : check_pattern(p, m->len, m->seed);
+}
+
+static void on_send_wc(struct side* s, const struct ibv_wc* wc) {
+  const int k = s->got_sends;
+  if (k >= s->n_sends) {
+    fail("%s: unexpected send completion after all %d expected ones (a duplicate?): %s", s->name,
+         s->n_sends, wc_desc(wc));
+    return;
+  }
+  const struct exp_send* e = &s->sends[k];
+  if (wc->wr_id != e->wr_id) {
+    int later = -1, earlier = -1;
+    for (int j = k + 1; j < s->n_sends; ++j)
+      if (s->sends[j].wr_id == wc->wr_id) later = j;
+    for (int j = 0; j < k; ++j)
+      if (s->sends[j].wr_id == wc->wr_id) earlier = j;
+    fail("%s: send completion #%d should be wr_id=%#llx, got %s (%s)", s->name, k,
+         (unsigned long long)e->wr_id, wc_desc(wc),
+         earlier >= 0 ? "a DUPLICATE of an earlier completion"
+                      : later >= 0 ? "a later WR: completions LOST or out of order"
+                                   : "not a WR of this QP");
+    if (earlier >= 0) return;
+    if (later >= 0) s->got_sends = later + 1; /* resynchronise so one loss is one failure */
+    return;
+  }
+  if (wc->opcode != e->opcode)
+    fail("%s: send completion wr_id=%#llx has opcode %d, expected %d", s->name,
+         (unsigned long long)e->wr_id, wc->opcode, e->opcode);
+  if (e->is_read) {
+    if (wc->byte_len != e->len)
+      fail("%s: RDMA_READ wr_id=%#llx byte_len %u, expected %u", s->name,
+           (unsigned long long)e->wr_id, wc->byte_len, e->len);
+    struct exp_mem* m = &g_mem[e->mem];
+    const long bad = check_mem_entry(m);
+    if (bad >= 0)
+      fail("%s: RDMA_READ wr_id=%#llx completed but its destination differs from the source at "
+           "byte %ld", s->name, (unsigned long long)e->wr_id, bad);
+    m->read_done = 1;
+  }
+  s->got_sends = k + 1;
+}
+
+static void on_recv_wc(struct side* s, const struct ibv_wc* wc) {
+  const int j = s->got_msgs;
+  if (j >= s->n_msgs) {
+    fail("%s: unexpected receive completion after all %d expected messages (a DUPLICATE "
+         "delivery?): %s", s->name, s->n_msgs, wc_desc(wc));
+    return;
+  }
+  if (j >= s->n_recvs) {
+    fail("%s: receive completion #%d but only %d receives were posted: %s", s->name, j,
+         s->n_recvs, wc_desc(wc));
+    return;
+  }
+  const struct exp_msg* m = &s->msgs[j];
+  const struct posted_recv* r = &s->recvs[j];
+  if (wc->wr_id != r->wr_id) {
+    fail("%s: receive completion #%d should consume receive wr_id=%#llx, got %s (receives "
+         "consumed out of order, lost or duplicated)", s->name, j, (unsigned long long)r->wr_id,
+         wc_desc(wc));
+    for (int k = j + 1; k < s->n_recvs && k < s->n_msgs; ++k)
+      if (s->recvs[k].wr_id == wc->wr_id) s->got_msgs = k + 1;
+    return;
+  }
+  s->got_msgs = j + 1;
+  if (wc->opcode != m->opcode)
+    fail("%s: message #%d opcode %d, expected %d: %s", s->name, j, wc->opcode, m->opcode,
+         wc_desc(wc));
+  const int has_imm = (wc->wc_flags & IBV_WC_WITH_IMM) != 0;
+  if (has_imm != m->with_imm || (has_imm && ntohl(wc->imm_data) != m->imm))
+    fail("%s: message #%d imm %s%#x, expected %s%#x (a different message: lost, duplicated or "
+         "reordered)", s->name, j, has_imm ? "" : "none/", ntohl(wc->imm_data),
+         m->with_imm ? "" : "none/", m->imm);
+  if (wc->byte_len != m->len)
+    fail("%s: message #%d byte_len %u, expected %u", s->name, j, wc->byte_len, m->len);
+  if (m->carries_payload) {
+    const long bad = check_pattern(s->buf + RECV_BASE + r->slot * RECV_SLOT, m->len, m->seed);
+    if (bad >= 0)
+      fail("%s: message #%d payload differs at byte %ld (0x%02x): %s", s->name, j, bad,
+           s->buf[RECV_BASE + r->slot * RECV_SLOT + bad],
+           s->buf[RECV_BASE + r->slot * RECV_SLOT + bad] == CLOBBER
+               ? "the sender's reused inline buffer was sent, not the bytes posted"
+               : "wrong bytes");
+  }
+  /* RC ordering: every RDMA WRITE posted to us before this message is visible now. */
+  for (uint32_t k = 0; k < m->mem_before; ++k) {
+    const struct exp_mem* e = &g_mem[k];
+    if (e->where != s || e->is_read) continue;
+    const long bad = check_mem_entry(e);
+    if (bad >= 0)
+      fail("%s: message #%d arrived but an earlier RDMA WRITE at offset %#x is not in place "
+           "(byte %ld is 0x%02x)%s", s->name, j, e->off, bad, e->where->buf[e->off + bad],
+           e->marker ? ": a region this side took over was overwritten (a REPLAYED write)" : "");
+  }
+}
+
+static void on_wc(struct side* s, const struct ibv_wc* wc) {
+  if (wc->qp_num != s->qp->qp_num)
+    fail("%s: completion reports qp_num %u, the application's QP is %u: %s", s->name, wc->qp_num,
+         s->qp->qp_num, wc_desc(wc));
+  if (wc->status != IBV_WC_SUCCESS) {
+    fail("%s: error completion surfaced: %s", s->name, wc_desc(wc));
+    return;
+  }
+  if (wc->opcode & IBV_WC_RECV)
+    on_recv_wc(s, wc);
+  else
+    on_send_wc(s, wc);
+}
+
+/* ------------------------------------------------------------------ polling */
+
+enum { POLL_A = 1, POLL_B = 2, POLL_BOTH = 3 };
+
+static int poll_cq(struct side* s, struct ibv_cq* cq) {
+  struct ibv_wc wc[16];
+  const int n = ibv_poll_cq(cq, 16, wc);
+  if (n < 0) {
+    fail("%s: ibv_poll_cq returned %d", s->name, n);
+    return 0;
+  }
+  for (int i = 0; i < n; ++i) {
+    if (cq != s->rcq && (wc[i].opcode & IBV_WC_RECV) && wc[i].status == IBV_WC_SUCCESS)
+      fail("%s: a receive completion on the send CQ: %s", s->name, wc_desc(&wc[i]));
+    if (cq != s->cq && !(wc[i].opcode & IBV_WC_RECV) && wc[i].status == IBV_WC_SUCCESS)
+      fail("%s: a send completion on the receive CQ: %s", s->name, wc_desc(&wc[i]));
+    on_wc(s, &wc[i]);
+  }
+  return n;
+}
+
+static int poll_side(struct side* s) {
+  int n = poll_cq(s, s->cq);
+  if (s->rcq != s->cq) n += poll_cq(s, s->rcq);
+  return n;
+}
+
+static int all_done(void) {
+  return g_a.got_sends == g_a.n_sends && g_a.got_msgs == g_a.n_msgs &&
+         g_b.got_sends == g_b.n_sends && g_b.got_msgs == g_b.n_msgs;
+}
+
+static void report_progress(const char* what) {
+  fail("timeout (%d ms) waiting for %s: A sends %d/%d msgs %d/%d, B sends %d/%d msgs %d/%d", g_timeout_ms,
+       what, g_a.got_sends, g_a.n_sends, g_a.got_msgs, g_a.n_msgs, g_b.got_sends, g_b.n_sends,
+       g_b.got_msgs, g_b.n_msgs);
+}
+
+/* Polls (each poll is a progress step of the fake) until cond() holds; stops early on a failure
+   so that a broken run ends at once. 0 = reached. */
+static int wait_for(int (*cond)(void), int which, const char* what) {
+  const long long deadline = now_ms() + g_timeout_ms;
+  const int failures = g_failures;
+  for (;;) {
+    int got = 0;
+    if (which & POLL_A) got += poll_side(&g_a);
+    if (which & POLL_B) got += poll_side(&g_b);
+    if (g_failures != failures) return -1;
+    if (cond()) return 0;
+    if (now_ms() > deadline) {
+      report_progress(what);
+      return -1;
+    }
+    if (got == 0) sched_yield(); /* let the shim's engine thread run */
+  }
+}
+
+static int b_got_all_msgs(void) { return g_b.got_msgs == g_b.n_msgs; }
+
+static struct fake_verbs_qp_stats qp_stats(struct side* s) {
+  struct fake_verbs_qp_stats st;
+  memset(&st, 0, sizeof st);
+  if (fv.qp_stats(s->qp->qp_num, &st) != 0) setup_fail("fake_verbs_query_qp_stats");
+  return st;
+}
+
+/* ------------------------------------------------------------------ setup */
+
+static struct ibv_device** g_devices;
+
+static void open_side(struct side* s) {
+  int n = 0;
+  if (!g_devices) g_devices = ibv_get_device_list(&n);
+  struct ibv_device* dev = NULL;
+  char want[16];
+  snprintf(want, sizeof want, "fake%d", s->dev_index);
+  for (int i = 0; g_devices && g_devices[i]; ++i)
+    if (strcmp(ibv_get_device_name(g_devices[i]), want) == 0) dev = g_devices[i];
+  if (!dev) setup_fail("device %s not found", want);
+  s->ctx = ibv_open_device(dev);
+  if (!s->ctx) setup_fail("ibv_open_device(%s)", want);
+  s->pd = ibv_alloc_pd(s->ctx);
+  if (!s->pd) setup_fail("ibv_alloc_pd");
+  if (posix_memalign((void**)&s->buf, 4096, BUF_SIZE) != 0) setup_fail("memory");
+  memset(s->buf, 0, BUF_SIZE);
+  s->mr = ibv_reg_mr(s->pd, s->buf, BUF_SIZE,
+                     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+  if (!s->mr) setup_fail("ibv_reg_mr");
+  s->cq = ibv_create_cq(s->ctx, CQ_SIZE, NULL, NULL, 0);
+  if (!s->cq) setup_fail("ibv_create_cq");
+  s->rcq = g_split_cq ? ibv_create_cq(s->ctx, CQ_SIZE, NULL, NULL, 0) : s->cq;
+  if (!s->rcq) setup_fail("ibv_create_cq");
+  struct ibv_qp_cap cap = {.max_send_wr = MAX_SEND_WR,
+                           .max_recv_wr = MAX_RECV_WR,
+                           .max_send_sge = 1,
+                           .max_recv_sge = 1,
+                           .max_inline_data = MAX_INLINE};
+  if (!g_wr_api) {
+    struct ibv_qp_init_attr attr = {
+        .send_cq = s->cq, .recv_cq = s->rcq, .cap = cap, .qp_type = IBV_QPT_RC,
+        .sq_sig_all = g_sig_all};
+    s->qp = ibv_create_qp(s->pd, &attr);
+  } else {
+    struct ibv_qp_init_attr_ex attr = {
+        .send_cq = s->cq,
+        .recv_cq = s->rcq,
+        .cap = cap,
+        .qp_type = IBV_QPT_RC,
+        .sq_sig_all = g_sig_all,
+        .comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+        .pd = s->pd,
+        .send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |
+                          IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM |
+                          IBV_QP_EX_WITH_RDMA_READ};
+    s->qp = ibv_create_qp_ex(s->ctx, &attr);
+    if (s->qp) s->qpx = ibv_qp_to_qp_ex(s->qp);
+    if (s->qp && !s->qpx) setup_fail("ibv_qp_to_qp_ex");
+  }
+  if (!s->qp) setup_fail("creating the QP on %s", want);
+  struct ibv_qp_attr qattr;
+  struct ibv_qp_init_attr init;
+  if (ibv_query_qp(s->qp, &qattr, IBV_QP_CAP, &init) != 0) setup_fail("ibv_query_qp");
+  s->cap = init.cap;
+  if (ibv_query_gid(s->ctx, 1, 1, &s->gid) != 0) setup_fail("ibv_query_gid index 1");
+  s->src_next = SRC_BASE;
+  s->tgt_next = TGT_BASE;
+}
+
+static void setup(int recvs_a, int recvs_b) {
+  fv.reset();
+  open_side(&g_a);
+  open_side(&g_b);
+  g_a.peer = &g_b;
+  g_b.peer = &g_a;
+  const unsigned int access =
+      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+  int step = vf_test_rc_connect(g_a.qp, g_b.qp->qp_num, g_b.gid, 1, access);
+  if (step) setup_fail("connecting A failed at step %d", step);
+  step = vf_test_rc_connect(g_b.qp, g_a.qp->qp_num, g_a.gid, 1, access);
+  if (step) setup_fail("connecting B failed at step %d", step);
+  printf("QPN A=%u B=%u\n", g_a.qp->qp_num, g_b.qp->qp_num);
+  post_recvs(&g_a, recvs_a);
+  post_recvs(&g_b, recvs_b);
+}
+
+/* Traffic both ways before the cut (the pair works, the rings hold history). Consumes 2
+   receives on each side. */
+static void warmup(void) {
+  post_op(&g_a, IBV_WR_SEND, 200, SIG, 0);
+  post_op(&g_b, IBV_WR_SEND, 100, SIG, 0);
+  post_op(&g_a, IBV_WR_RDMA_WRITE, 300, 0, 0);
+  post_op(&g_a, IBV_WR_RDMA_WRITE_WITH_IMM, 64, SIG, 0x1111);
+  post_op(&g_b, IBV_WR_SEND_WITH_IMM, 32, SIG, 0x2222);
+  wait_for(all_done, POLL_BOTH, "the warm-up traffic");
+}
+
+static void hold_fake0(void) { fv.set_delay(0, BIG_DELAY); }
+
+static void do_cut(void) {
+  struct fake_verbs_device_stats d;
+  fv.dev_stats(0, &d);
+  printf("cut: fake0 port down (fake0 tx=%llu rx=%llu so far)\n",
+         (unsigned long long)d.tx_messages, (unsigned long long)d.rx_messages);
+  fflush(stdout);
+  if (fv.port_down(0) != 0) setup_fail("fake_verbs_port_down(0)");
+}
+
+/* The region a receiver takes over after the message that announced it: it overwrites it. */
+static void take_over(struct side* s, uint32_t first_mem, uint32_t end_mem) {
+  for (uint32_t k = first_mem; k < end_mem; ++k) {
+    struct exp_mem* m = &g_mem[k];
+    if (m->where != s || m->is_read) continue;
+    memset(m->where->buf + m->off, MARKER, m->len);
+    m->marker = 1;
+  }
+}
+
+static void quiet_window(void);
+
+/* ------------------------------------------------------------------ scenarios */
+
+/* The port dies with nothing in flight; the application posts a WRITE + WRITE_WITH_IMM (and the
+   peer a SEND) right after, racing the shim's detection. */
+static void scenario_before_wwi(void) {
+  setup(48, 48);
+  warmup();
+  do_cut();
+  post_op(&g_a, IBV_WR_RDMA_WRITE, 1000, 0, 0);
+  post_op(&g_a, IBV_WR_RDMA_WRITE_WITH_IMM, 200, SIG, 0xbef0);
+  post_op(&g_b, IBV_WR_SEND, 150, SIG, 0);
+  wait_for(all_done, POLL_BOTH, "the traffic posted after the cut");
+}
+
+/* WRITE + WRITE_WITH_IMM + READ from A and a SEND_WITH_IMM from B are held on the wire (fake0's
+   delay) when the port dies: nothing was delivered, everything must be replayed once. */
+static void scenario_during_wwi(void) {
+  setup(48, 48);
+  warmup();
+  const struct fake_verbs_qp_stats a0 = qp_stats(&g_a), b0 = qp_stats(&g_b);
+  hold_fake0();
+  begin_batch(&g_a);
+  post_op(&g_a, IBV_WR_RDMA_WRITE, 2000, 0, 0);
+  post_op(&g_a, IBV_WR_RDMA_WRITE_WITH_IMM, 500, SIG, 0xd0d0);
+  post_op(&g_a, IBV_WR_RDMA_READ, 256, SIG, 0);
+  end_batch(&g_a);
+  post_op(&g_b, IBV_WR_SEND_WITH_IMM, 80, SIG, 0xb0b0);
+  for (int i = 0; i < 5; ++i) fv.progress();
+  const struct fake_verbs_qp_stats a1 = qp_stats(&g_a), b1 = qp_stats(&g_b);
+  if (a1.messages_sent != a0.messages_sent || b1.messages_sent != b0.messages_sent ||
+      b1.messages_received != b0.messages_received)
+    setup_fail("the WRs were not held on the wire (A sent %llu->%llu, B sent %llu->%llu)",
+               (unsigned long long)a0.messages_sent, (unsigned long long)a1.messages_sent,
+               (unsigned long long)b0.messages_sent, (unsigned long long)b1.messages_sent);
+  do_cut();
+  wait_for(all_done, POLL_BOTH, "the WRs in flight at the cut");
+}
+
+/* WRITE + WRITE_WITH_IMM delivered; the receiver polled the notification and took the regions
+   over (overwrote them); the sender has NOT polled its completion yet, and a SEND is in flight
+   behind it. The fake acknowledges within the step that delivers, so "ack lost" is not
+   expressible: the closest case is an acknowledged-but-unpolled completion (see docs). A replay
+   of the delivered WRITEs would overwrite the receiver's marker. */
+static void scenario_after_wwi(void) {
+  setup(48, 48);
+  warmup();
+  const struct fake_verbs_qp_stats b0 = qp_stats(&g_b);
+  const uint32_t mem0 = g_n_mem;
+  post_op(&g_a, IBV_WR_RDMA_WRITE, 1500, 0, 0);
+  post_op(&g_a, IBV_WR_RDMA_WRITE_WITH_IMM, 300, SIG, 0xaf7e);
+  const struct fake_verbs_qp_stats b1 = qp_stats(&g_b);
+  if (b1.messages_received != b0.messages_received + 2)
+    setup_fail("the WRITE + WRITE_WITH_IMM were not delivered at once");
+  if (wait_for(b_got_all_msgs, POLL_B, "B's notification") != 0) return;
+  take_over(&g_b, mem0, g_n_mem);
+  hold_fake0();
+  post_op(&g_a, IBV_WR_SEND, 120, SIG, 0);
+  do_cut();
+  wait_for(all_done, POLL_BOTH, "A's completions");
+}
+
+/* Same, but neither side polled anything: the delivered message's receive completion and the
+   sender's completion are both still in the provider's CQs at the cut, and A's send queue is
+   empty (the fake leaves A's QP in RTS; the shim must move it itself). */
+static void scenario_after_wwi_unpolled(void) {
+  setup(48, 48);
+  warmup();
+  const struct fake_verbs_qp_stats b0 = qp_stats(&g_b);
+  post_op(&g_a, IBV_WR_RDMA_WRITE, 1500, 0, 0);
+  post_op(&g_a, IBV_WR_RDMA_WRITE_WITH_IMM, 300, SIG, 0xaf7f);
+  post_op(&g_b, IBV_WR_SEND, 40, SIG, 0);
+  const struct fake_verbs_qp_stats b1 = qp_stats(&g_b);
+  if (b1.messages_received != b0.messages_received + 2 || b1.messages_sent != b0.messages_sent + 1)
+    setup_fail("the traffic was not delivered at once");
+  do_cut();
+  wait_for(all_done, POLL_BOTH, "the completions of delivered work");
+}
+
+/* 8 unsignaled RDMA_WRITEs + a signaled WRITE_WITH_IMM, cut mid-chain: the first 4 writes were
+   executed, the rest and the WRITE_WITH_IMM are held. Before it, a whole chain was delivered and
+   taken over by the receiver while the sender never polled its completion (must not replay). */
+static void scenario_unsignaled_chain(void) {
+  setup(48, 48);
+  warmup();
+  const uint32_t round1 = g_n_mem;
+  begin_batch(&g_a);
+  for (int i = 0; i < 8; ++i) post_op(&g_a, IBV_WR_RDMA_WRITE, 700 + 64 * i, 0, 0);
+  post_op(&g_a, IBV_WR_RDMA_WRITE_WITH_IMM, 128, SIG, 0xc001);
+  end_batch(&g_a);
+  if (wait_for(b_got_all_msgs, POLL_B, "round 1's notification") != 0) return;
+  take_over(&g_b, round1, g_n_mem);
+  const struct fake_verbs_qp_stats b0 = qp_stats(&g_b);
+  begin_batch(&g_a);
+  for (int i = 0; i < 4; ++i) post_op(&g_a, IBV_WR_RDMA_WRITE, 900 + 32 * i, 0, 0);
+  end_batch(&g_a);
+  const struct fake_verbs_qp_stats b1 = qp_stats(&g_b);
+  hold_fake0();
+  begin_batch(&g_a);
+  for (int i = 4; i < 8; ++i) post_op(&g_a, IBV_WR_RDMA_WRITE, 900 + 32 * i, 0, 0);
+  post_op(&g_a, IBV_WR_RDMA_WRITE_WITH_IMM, 256, SIG, 0xc002);
+  end_batch(&g_a);
+  for (int i = 0; i < 3; ++i) fv.progress();
+  const struct fake_verbs_qp_stats b2 = qp_stats(&g_b);
+  if (b1.messages_received != b0.messages_received + 4 ||
+      b2.messages_received != b1.messages_received)
+    setup_fail("the cut is not mid-chain (B received %llu then %llu more)",
+               (unsigned long long)(b1.messages_received - b0.messages_received),
+               (unsigned long long)(b2.messages_received - b1.messages_received));
+  do_cut();
+  wait_for(all_done, POLL_BOTH, "the chain");
+}
+
+/* Inline SENDs / SEND_WITH_IMM / WRITEs: the application overwrites each buffer as soon as
+   post_send returns (flush() does it). Some were delivered before the cut, some are held. A
+   replay from the application's buffer instead of the recorded copy delivers 0xee bytes. */
+static void scenario_inline(void) {
+  setup(48, 48);
+  warmup();
+  if (g_a.cap.max_inline_data < 100) setup_fail("max_inline_data %u", g_a.cap.max_inline_data);
+  post_op(&g_a, IBV_WR_SEND, 100, SIG | INL, 0);
+  post_op(&g_a, IBV_WR_RDMA_WRITE, 64, INL, 0);
+  post_op(&g_a, IBV_WR_SEND_WITH_IMM, 1, SIG | INL, 0x1a1a);
+  hold_fake0();
+  post_op(&g_a, IBV_WR_SEND, 100, SIG | INL, 0);
+  post_op(&g_a, IBV_WR_RDMA_WRITE, 90, INL, 0);
+  post_op(&g_a, IBV_WR_SEND_WITH_IMM, 77, INL, 0x1b1b); /* unsignaled */
+  post_op(&g_a, IBV_WR_RDMA_WRITE_WITH_IMM, 50, SIG | INL, 0x1c1c);
+  post_op(&g_b, IBV_WR_SEND, 60, SIG | INL, 0);
+  do_cut();
+  wait_for(all_done, POLL_BOTH, "the inline traffic");
+}
+
+/* RNR: B has no receive when A's SEND arrives (rnr_retry 7: A retries forever); the port dies,
+   then B posts the receives (racing the switch). */
+static void scenario_rnr(void) {
+  setup(48, 2); /* B: exactly the two receives the warm-up consumes */
+  warmup();
+  const struct fake_verbs_qp_stats a0 = qp_stats(&g_a), b0 = qp_stats(&g_b);
+  post_op(&g_a, IBV_WR_SEND, 200, SIG, 0);
+  post_op(&g_a, IBV_WR_SEND_WITH_IMM, 20, SIG, 0x3e3e);
+  post_op(&g_a, IBV_WR_RDMA_WRITE_WITH_IMM, 100, SIG, 0x3f3f);
+  for (int i = 0; i < 4; ++i) fv.progress();
+  const struct fake_verbs_qp_stats a1 = qp_stats(&g_a), b1 = qp_stats(&g_b);
+  if (a1.rnr_naks <= a0.rnr_naks || b1.messages_received != b0.messages_received)
+    setup_fail("A's SEND is not in RNR (rnr_naks %llu -> %llu)", (unsigned long long)a0.rnr_naks,
+               (unsigned long long)a1.rnr_naks);
+  do_cut();
+  post_recvs(&g_b, 1);
+  for (int i = 0; i < 10; ++i) fv.progress();
+  post_recvs(&g_b, 10);
+  wait_for(all_done, POLL_BOTH, "the RNR'd messages");
+}
+
+/* A full send queue: max_send_wr WRs (unsignaled WRITEs, signaled SENDs and WRITE_WITH_IMMs) held
+   on the wire, one more is refused with ENOMEM; cut; all complete. Then the queue is filled again
+   on the new path. */
+static void fill_sq(struct side* s, int count) {
+  for (int i = 0; i < count; ++i) {
+    const int last = i == count - 1;
+    if (i % 8 == 7 || last)
+      post_op(s, IBV_WR_RDMA_WRITE_WITH_IMM, 96, SIG, 0x5000u + (uint32_t)i);
+    else if (i % 8 == 3)
+      post_op(s, IBV_WR_SEND, 48, SIG, 0);
+    else
+      post_op(s, IBV_WR_RDMA_WRITE, 256, 0, 0);
+  }
+}
+
+static int expect_sq_full(struct side* s) {
+  struct ibv_sge sge = {.addr = (uintptr_t)s->buf, .length = 8, .lkey = s->mr->lkey};
+  struct ibv_send_wr wr = {.wr_id = 0xdeadull, .sg_list = &sge, .num_sge = 1,
+                           .opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED};
+  wr.wr.rdma.remote_addr = (uintptr_t)s->peer->buf + TGT_END - 64;
+  wr.wr.rdma.rkey = s->peer->mr->rkey;
+  struct ibv_send_wr* bad = NULL;
+  return ibv_post_send(s->qp, &wr, &bad);
+}
+
+static void scenario_full_sq(void) {
+  setup(48, 48);
+  warmup();
+  const int n = (int)g_a.cap.max_send_wr;
+  if (n < 16 || n > MAX_SEND_WR) setup_fail("max_send_wr %d", n);
+  hold_fake0();
+  fill_sq(&g_a, n);
+  const int rc = expect_sq_full(&g_a);
+  if (rc != ENOMEM) setup_fail("the send queue is not full: one more post returned %d", rc);
+  do_cut();
+  if (wait_for(all_done, POLL_BOTH, "the full send queue") != 0) return;
+  /* Again on the new path, as one burst. */
+  fill_sq(&g_a, n);
+  wait_for(all_done, POLL_BOTH, "a second full send queue after the switch");
+}
+
+/* The send queue is full on the standby path (held by a delay on fake1) after the switch: one
+   more post must be refused with ENOMEM, as the application's QP would. */
+static void scenario_full_sq_after_switch(void) {
+  setup(48, 48);
+  warmup();
+  do_cut();
+  post_op(&g_a, IBV_WR_SEND, 10, SIG, 0);
+  if (wait_for(all_done, POLL_BOTH, "a SEND after the cut") != 0) return;
+  /* Let the shim's engine settle (it idles once the switch and its resume are done): a refusal
+     it would only catch up on later must show as a loss, not be hidden by its housekeeping. */
+  quiet_window();
+  fv.set_delay(1, 1000); /* the posting calls themselves are progress steps */
+  const int n = (int)g_a.cap.max_send_wr;
+  fill_sq(&g_a, n);
+  const int rc = expect_sq_full(&g_a);
+  if (rc != ENOMEM)
+    fail("A: with max_send_wr=%d WRs outstanding on the standby path, one more post returned %d "
+         "(%s), expected ENOMEM", n, rc, strerror(rc));
+  if (rc == 0) { /* it was accepted: expect its completion too, so the run stays checkable */
+    struct exp_send* e = &g_a.sends[g_a.n_sends++];
+    e->wr_id = 0xdeadull;
+    e->opcode = IBV_WC_RDMA_WRITE;
+    e->is_read = 0;
+  }
+  wait_for(all_done, POLL_BOTH, "the full standby send queue");
+}
+
+/* Failback with work in flight on the standby: after the failover, WRs held on fake1's wire
+   (delay) when fake0 comes back; the shim switches back (docs/design.md §5 "Failback") and
+   whatever the standby had not delivered must be carried by the primary exactly once. */
+static void scenario_failback_in_flight(void) {
+  setup(48, 48);
+  warmup();
+  do_cut();
+  post_op(&g_a, IBV_WR_SEND, 10, SIG, 0);
+  post_op(&g_b, IBV_WR_SEND, 10, SIG, 0);
+  if (wait_for(all_done, POLL_BOTH, "traffic after the cut") != 0) return;
+  struct fake_verbs_device_stats f0, f1, f1b;
+  fv.dev_stats(1, &f1);
+  fv.set_delay(1, 3000); /* held on the standby's wire for 3000 progress steps */
+  begin_batch(&g_a);
+  post_op(&g_a, IBV_WR_RDMA_WRITE, 1200, 0, 0);
+  post_op(&g_a, IBV_WR_RDMA_WRITE_WITH_IMM, 200, SIG, 0xfb01);
+  post_op(&g_a, IBV_WR_RDMA_READ, 64, SIG, 0);
+  end_batch(&g_a);
+  post_op(&g_b, IBV_WR_SEND_WITH_IMM, 50, SIG, 0xfb02);
+  fv.dev_stats(1, &f1b);
+  if (f1b.tx_messages != f1.tx_messages) setup_fail("the standby's WRs were not held");
+  printf("EXPECT failback\n");
+  fv.dev_stats(0, &f0);
+  if (fv.port_up(0) != 0) setup_fail("fake_verbs_port_up(0)");
+  if (wait_for(all_done, POLL_BOTH, "the WRs in flight on the standby at the failback") != 0)
+    return;
+  fv.set_delay(1, 0);
+  /* Rounds until the primary carries traffic again (the failback is the shim's to time). */
+  const long long deadline = now_ms() + g_timeout_ms;
+  struct fake_verbs_device_stats now;
+  for (;;) {
+    post_op(&g_a, IBV_WR_SEND_WITH_IMM, 16, SIG, 0xfb10);
+    post_op(&g_b, IBV_WR_RDMA_WRITE_WITH_IMM, 16, SIG, 0xfb11);
+    if (wait_for(all_done, POLL_BOTH, "traffic after the port came back") != 0) return;
+    fv.dev_stats(0, &now);
+    if (now.tx_messages > f0.tx_messages) break;
+    if (now_ms() > deadline || g_b.n_recvs - g_b.n_msgs < 4 || g_a.n_recvs - g_a.n_msgs < 4) {
+      fail("the primary (fake0) carried no traffic after its port came back (no failback)");
+      return;
+    }
+  }
+}
+
+/* ------------------------------------------------------------------ final checks */
+
+static void after_round(void) {
+  /* Traffic both ways on whatever path now carries it. Its completions come after any replayed
+     or stashed one (RC order on one path), so it also bounds the wait for stragglers. */
+  post_op(&g_a, IBV_WR_RDMA_WRITE, 400, 0, 0);
+  post_op(&g_a, IBV_WR_RDMA_WRITE_WITH_IMM, 100, SIG, 0xf00a);
+  post_op(&g_a, IBV_WR_RDMA_READ, 128, SIG, 0);
+  post_op(&g_b, IBV_WR_SEND_WITH_IMM, 90, SIG, 0xf00b);
+  post_op(&g_b, IBV_WR_RDMA_WRITE, 333, SIG, 0);
+  wait_for(all_done, POLL_BOTH, "traffic after the failover");
+}
+
+static void quiet_window(void) {
+  /* Nothing more may arrive: a late duplicate would show here. */
+  const long long until = now_ms() + 100;
+  int polls = 0;
+  while (polls < 400 || now_ms() < until) {
+    if (poll_side(&g_a) + poll_side(&g_b) == 0) sched_yield();
+    ++polls;
+    if (now_ms() > until + g_timeout_ms) break;
+  }
+}
+
+static void check_memory(void) {
+  for (uint32_t k = 0; k < g_n_mem; ++k) {
+    const struct exp_mem* m = &g_mem[k];
+    const long bad = check_mem_entry(m);
+    if (bad < 0) continue;
+    if (m->is_read)
+      fail("%s: RDMA_READ destination at %#x wrong at byte %ld", m->where->name, m->off, bad);
+    else if (m->marker)
+      fail("%s: region at %#x (len %u) the application took over after its notification was "
+           "overwritten again at byte %ld: a delivered RDMA WRITE was REPLAYED", m->where->name,
+           m->off, m->len, bad);
+    else
+      fail("%s: RDMA WRITE target at %#x (len %u) wrong at byte %ld (0x%02x)", m->where->name,
+           m->off, m->len, bad, m->where->buf[m->off + bad]);
+  }
+}
+
+static void check_qp_and_events(struct side* s) {
+  struct ibv_qp_attr attr;
+  struct ibv_qp_init_attr init;
+  memset(&attr, 0, sizeof attr);
+  const int rc = ibv_query_qp(s->qp, &attr, IBV_QP_STATE, &init);
+  if (rc != 0)
+    fail("%s: ibv_query_qp failed: %s", s->name, strerror(rc));
+  else if (attr.qp_state != IBV_QPS_RTS)
+    fail("%s: ibv_query_qp reports state %d, expected RTS (%d)", s->name, attr.qp_state,
+         IBV_QPS_RTS);
+  if (s->qp->state != IBV_QPS_RTS)
+    fail("%s: qp->state is %d, expected RTS", s->name, s->qp->state);
+  const int flags = fcntl(s->ctx->async_fd, F_GETFL);
+  if (flags < 0 || fcntl(s->ctx->async_fd, F_SETFL, flags | O_NONBLOCK) < 0) {
+    fail("%s: cannot make the async fd non-blocking", s->name);
+    return;
+  }
+  for (int i = 0; i < 8; ++i) {
+    struct ibv_async_event ev;
+    if (ibv_get_async_event(s->ctx, &ev) != 0) {
+      if (errno != EAGAIN) fail("%s: ibv_get_async_event: %s", s->name, strerror(errno));
+      break;
+    }
+    fail("%s: async event reached the application: %s", s->name, ibv_event_type_str(ev.event_type));
+    ibv_ack_async_event(&ev);
+  }
+}
+
+/* ------------------------------------------------------------------ selftest of the checker */
+
+static void reset_model(void) {
+  struct side* sides[2] = {&g_a, &g_b};
+  for (int i = 0; i < 2; ++i) {
+    struct side* s = sides[i];
+    s->n_sends = s->got_sends = s->n_msgs = s->got_msgs = s->n_recvs = 0;
+    s->src_next = SRC_BASE;
+    s->tgt_next = TGT_BASE;
+    s->batch_n = 0;
+  }
+  g_n_mem = 0;
+}
+
+/* Builds expectations without any device: A sends 3 messages to B; returns the completions a
+   correct run delivers (A: sends; B: receives), which the cases then corrupt. */
+struct fake_run {
+  struct ibv_wc a[8], b[8];
+  int na, nb;
+};
+
+static void model_run(struct fake_run* r) {
+  reset_model();
+  g_a.batching = g_b.batching = 1; /* record only */
+  uint64_t w[3];
+  w[0] = post_op(&g_a, IBV_WR_SEND, 40, SIG, 0);
+  post_op(&g_a, IBV_WR_RDMA_WRITE, 64, 0, 0);
+  w[1] = post_op(&g_a, IBV_WR_RDMA_WRITE_WITH_IMM, 16, SIG, 0x77);
+  w[2] = post_op(&g_a, IBV_WR_SEND_WITH_IMM, 24, SIG, 0x78);
+  g_a.batch_n = 0;
+  /* what the wire would do */
+  for (int k = 0; k < 3; ++k) {
+    g_b.recvs[k].wr_id = g_b.wr_base + 0x800000ull + (uint64_t)k;
+    g_b.recvs[k].slot = (uint32_t)k;
+  }
+  g_b.n_recvs = 3;
+  fill_pattern(g_b.buf + RECV_BASE, 40, g_b.msgs[0].seed);
+  fill_pattern(g_b.buf + RECV_BASE + 2 * RECV_SLOT, 24, g_b.msgs[2].seed);
+  for (uint32_t k = 0; k < g_n_mem; ++k)
+    fill_pattern(g_mem[k].where->buf + g_mem[k].off, g_mem[k].len, g_mem[k].seed);
+  memset(r, 0, sizeof *r);
+  const enum ibv_wc_opcode sop[3] = {IBV_WC_SEND, IBV_WC_RDMA_WRITE, IBV_WC_SEND};
+  const enum ibv_wc_opcode rop[3] = {IBV_WC_RECV, IBV_WC_RECV_RDMA_WITH_IMM, IBV_WC_RECV};
+  const uint32_t len[3] = {40, 16, 24}, imm[3] = {0, 0x77, 0x78};
+  for (int k = 0; k < 3; ++k) {
+    r->a[k] = (struct ibv_wc){.wr_id = w[k], .status = IBV_WC_SUCCESS, .opcode = sop[k],
+                              .qp_num = g_a.qp->qp_num};
+    r->b[k] = (struct ibv_wc){.wr_id = g_b.recvs[k].wr_id, .status = IBV_WC_SUCCESS,
+                              .opcode = rop[k], .byte_len = len[k], .qp_num = g_b.qp->qp_num,
+                              .imm_data = htonl(imm[k]),
+                              .wc_flags = imm[k] ? IBV_WC_WITH_IMM : 0};
+  }
+  r->na = r->nb = 3;
+}
+
+static int feed(struct fake_run* r) {
+  const int before = g_failures;
+  for (int k = 0; k < r->na; ++k) on_wc(&g_a, &r->a[k]);
+  for (int k = 0; k < r->nb; ++k) on_wc(&g_b, &r->b[k]);
+  if (!all_done()) ++g_failures; /* what wait_for reports as a timeout */
+  check_memory();
+  return g_failures - before;
+}
+
+static int selftest(void) {
+  static struct ibv_qp qa, qb;
+  static struct ibv_mr ma, mb;
+  qa.qp_num = 11;
+  qb.qp_num = 22;
+  g_a.qp = &qa;
+  g_b.qp = &qb;
+  g_a.mr = &ma;
+  g_b.mr = &mb;
+  g_a.peer = &g_b;
+  g_b.peer = &g_a;
+  if (posix_memalign((void**)&g_a.buf, 64, BUF_SIZE) || posix_memalign((void**)&g_b.buf, 64, BUF_SIZE))
+    return 3;
+  memset(g_a.buf, 0, BUF_SIZE);
+  memset(g_b.buf, 0, BUF_SIZE);
+  struct fake_run r;
+  int bad = 0;
+  g_quiet = 1;
+#define CASE(name, mutate, want_fail)                                           \
+  do {                                                                          \
+    model_run(&r);                                                              \
+    mutate;                                                                     \
+    const int f = feed(&r);                                                     \
+    if ((f > 0) != (want_fail)) {                                               \
+      printf("selftest %-34s %s (failures=%d)\n", name, "WRONG", f);            \
+      ++bad;                                                                    \
+    } else {                                                                    \
+      printf("selftest %-34s ok (%s)\n", name, f ? "caught" : "clean");         \
+    }                                                                           \
+  } while (0)
+  CASE("correct run", (void)0, 0);
+  CASE("duplicate send completion", (r.a[3] = r.a[1], r.na = 4), 1);
+  CASE("duplicate last send completion", (r.a[3] = r.a[2], r.na = 4), 1);
+  CASE("lost send completion", (r.a[1] = r.a[2], r.na = 2), 1);
+  CASE("lost last send completion", (r.na = 2), 1);
+  CASE("send completions reordered", (r.a[0] = r.a[1], r.a[1].wr_id = g_a.sends[0].wr_id), 1);
+  CASE("wrong send opcode", (r.a[1].opcode = IBV_WC_SEND), 1);
+  CASE("error send completion", (r.a[2].status = IBV_WC_RETRY_EXC_ERR), 1);
+  CASE("flush error completion", (r.a[2].status = IBV_WC_WR_FLUSH_ERR), 1);
+  CASE("wrong qp_num (standby's)", (r.a[0].qp_num = 99), 1);
+  CASE("duplicate receive (same receive)", (r.b[3] = r.b[1], r.nb = 4), 1);
+  CASE("duplicate message (next receive)",
+       (r.b[3] = r.b[2], r.b[2] = r.b[1], r.b[2].wr_id = g_b.recvs[2].wr_id, r.nb = 3), 1);
+  CASE("lost receive", (r.nb = 2), 1);
+  CASE("lost middle message", (r.b[1] = r.b[2], r.b[1].wr_id = g_b.recvs[1].wr_id, r.nb = 2), 1);
+  CASE("wrong imm", (r.b[1].imm_data = htonl(0x99)), 1);
+  CASE("missing imm flag", (r.b[2].wc_flags = 0), 1);
+  CASE("wrong byte_len", (r.b[0].byte_len = 41), 1);
+  CASE("payload from a reused inline buffer",
+       (memset(g_b.buf + RECV_BASE, CLOBBER, 40)), 1);
+  CASE("write not visible at its notification",
+       (g_b.buf[g_mem[0].off] ^= 1), 1);
+  CASE("replayed write over a taken-over region",
+       (take_over(&g_b, 0, g_n_mem), g_b.buf[g_mem[0].off] = 0), 1);
+  CASE("taken-over region intact", (take_over(&g_b, 0, g_n_mem)), 0);
+#undef CASE
+  g_quiet = 0;
+  printf("%s selftest: %d wrong\n", bad ? "FAIL:" : "PASS", bad);
+  return bad ? 1 : 0;
+}
+
+/* ------------------------------------------------------------------ main */
+
+struct scenario {
+  const char* name;
+  void (*run)(void);
+};
+
+static const struct scenario kScenarios[] = {
+    {"before_wwi", scenario_before_wwi},
+    {"during_wwi", scenario_during_wwi},
+    {"after_wwi", scenario_after_wwi},
+    {"after_wwi_unpolled", scenario_after_wwi_unpolled},
+    {"unsignaled_chain", scenario_unsignaled_chain},
+    {"inline", scenario_inline},
+    {"rnr", scenario_rnr},
+    {"full_sq", scenario_full_sq},
+    {"full_sq_after_switch", scenario_full_sq_after_switch},
+    {"failback_in_flight", scenario_failback_in_flight},
+};
+
+int main(int argc, char** argv) {
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  if (argc < 2) {
+    fprintf(stderr,
+            "usage: %s SCENARIO|selftest [--wr-api] [--sig-all] [--split-cq] [--timeout-ms N]\n",
+            argv[0]);
+    return 2;
+  }
+  g_scenario = argv[1];
+  for (int i = 2; i < argc; ++i) {
+    if (strcmp(argv[i], "--wr-api") == 0)
+      g_wr_api = 1;
+    else if (strcmp(argv[i], "--sig-all") == 0)
+      g_sig_all = 1;
+    else if (strcmp(argv[i], "--split-cq") == 0)
+      g_split_cq = 1;
+    else if (strcmp(argv[i], "--timeout-ms") == 0 && i + 1 < argc)
+      g_timeout_ms = atoi(argv[++i]);
+    else {
+      fprintf(stderr, "unknown argument %s\n", argv[i]);
+      return 2;
+    }
+  }
+  if (strcmp(argv[1], "selftest") == 0) return selftest();
+  const struct scenario* sc = NULL;
+  for (size_t i = 0; i < sizeof kScenarios / sizeof kScenarios[0]; ++i)
+    if (strcmp(kScenarios[i].name, argv[1]) == 0) sc = &kScenarios[i];
+  if (!sc) {
+    fprintf(stderr, "unknown scenario %s\n", argv[1]);
+    return 2;
+  }
+  fv.port_down = (int (*)(int))fake_sym("fake_verbs_port_down");
+  fv.port_up = (int (*)(int))fake_sym("fake_verbs_port_up");
+  fv.set_delay = (int (*)(int, unsigned))fake_sym("fake_verbs_set_delay");
+  fv.progress = (void (*)(void))fake_sym("fake_verbs_progress");
+  fv.qp_stats = (int (*)(uint32_t, struct fake_verbs_qp_stats*))fake_sym("fake_verbs_query_qp_stats");
+  fv.dev_stats =
+      (int (*)(int, struct fake_verbs_device_stats*))fake_sym("fake_verbs_query_device_stats");
+  fv.reset = (void (*)(void))fake_sym("fake_verbs_reset");
+
+  sc->run();
+  if (g_failures == 0) after_round();
+  if (g_failures == 0) quiet_window();
+  check_memory();
+  check_qp_and_events(&g_a);
+  check_qp_and_events(&g_b);
+  struct fake_verbs_device_stats standby;
+  fv.dev_stats(1, &standby);
+  printf("fake1 (A's standby device) carried %llu message(s)\n",
+         (unsigned long long)standby.tx_messages);
+  if (g_failures) {
+    /* The fake's view of every QP of the run (the application's and the shim's standbys), to
+       help diagnose a failure. */
+    for (uint32_t q = g_a.qp->qp_num; q <= g_b.qp->qp_num + 1; ++q) {
+      struct fake_verbs_qp_stats st;
+      if (fv.qp_stats(q, &st) != 0) continue;
+      printf("fake qp %u: sent=%llu received=%llu rnr_naks=%llu transport_retries=%llu "
+             "error_completions=%llu\n", q, (unsigned long long)st.messages_sent,
+             (unsigned long long)st.messages_received, (unsigned long long)st.rnr_naks,
+             (unsigned long long)st.transport_retries,
+             (unsigned long long)st.completions_with_error);
+    }
+    printf("FAIL: scenario %s%s: %d failure(s)\n", sc->name, g_wr_api ? " (ibv_wr_* API)" : "",
+           g_failures);
+    return 1;
+  }
+  printf("PASS scenario %s%s%s%s: A %d sends %d msgs, B %d sends %d msgs\n", sc->name,
+         g_wr_api ? " (ibv_wr_* API)" : "", g_sig_all ? " (sq_sig_all)" : "",
+         g_split_cq ? " (split CQs)" : "", g_a.n_sends, g_a.n_msgs, g_b.n_sends, g_b.n_msgs);
+  return 0;
+}

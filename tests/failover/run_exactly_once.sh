@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# One exactly-once failover check on the fake fabric (tests/failover/exactly_once.c).
+#   run_exactly_once.sh shim   SCENARIO [program args]  -> must PASS with the shim preloaded, and
+#                                                          the shim's stats file must show a
+#                                                          failover of both QPs
+#   run_exactly_once.sh noshim SCENARIO [program args]  -> the same cut WITHOUT the shim must
+#                                                          break the traffic (exit 1, FAIL lines;
+#                                                          a SETUP failure proves nothing)
+#   run_exactly_once.sh selftest                        -> the checker catches duplicates/losses
+# Environment (set by ctest): VF_PROGRAM, VF_SHIM, VF_FAKE_LIB_DIR, VF_WORK.
+set -euo pipefail
+mode=$1; shift
+: "${VF_PROGRAM:?}" "${VF_FAKE_LIB_DIR:?}" "${VF_WORK:?}"
+name="$mode"; [ $# -gt 0 ] && name="${mode}_$(echo "$*" | tr -c 'A-Za-z0-9_\n' '_')"
+work="$VF_WORK/$name"
+rm -rf "$work"; mkdir -p "$work"
+out="$work/out.txt"; log="$work/shim.log"
+
+fail() { echo "FAIL [$name]: $*"; echo "--- program output"; cat "$out" 2>/dev/null || true
+         if [ -s "$log" ]; then echo "--- shim log (tail)"; tail -n 80 "$log"; fi; exit 1; }
+# A hang is a failure, never a stuck CI (the program's own waits are bounded too).
+run() { timeout --kill-after=5 60 "$@"; }
+
+case "$mode" in
+  selftest)
+    run "$VF_PROGRAM" selftest >"$out" 2>&1 || fail "the checker does not catch what it must"
+    grep -q "^PASS selftest" "$out" || fail "no PASS line"
+    cat "$out"
+    ;;
+  shim)
+    : "${VF_SHIM:?}"
+    status=0
+    run env LD_LIBRARY_PATH="$VF_FAKE_LIB_DIR" LD_PRELOAD="$VF_SHIM" VERBS_FAILOVER_LOG=info \
+      VERBS_FAILOVER_LOG_FILE="$log" VERBS_FAILOVER_STATS="$work/stats.%p.json" \
+      "$VF_PROGRAM" "$@" >"$out" 2>&1 || status=$?
+    [ "$status" -eq 0 ] || fail "exit status $status"
+    grep -q "^PASS scenario" "$out" || fail "no PASS line"
+    qpns=$(sed -n 's/^QPN A=\([0-9]*\) B=\([0-9]*\)$/\1 \2/p' "$out")
+    [ -n "$qpns" ] || fail "no QPN line"
+    files=("$work"/stats.*.json)
+    stats=${files[0]}
+    [ -f "$stats" ] || fail "the shim wrote no stats file"
+    python3 - "$stats" $qpns <<'PY' || fail "stats check failed ($stats)"
+import json, sys
+doc = json.load(open(sys.argv[1]))
+want = {int(sys.argv[2]): "A", int(sys.argv[3]): "B"}
+seen = {}
+for qp in doc["qps"]:
+    if qp["qpn"] in want:
+        seen[want[qp["qpn"]]] = qp
+ok = True
+for side in ("A", "B"):
+    qp = seen.get(side)
+    if qp is None:
+        print(f"stats: QP {side} is missing from the stats file"); ok = False; continue
+    print(f"stats: QP {side} qpn={qp['qpn']} protected={qp['protected']} path={qp['path']} "
+          f"failovers={qp['failovers']} replayed_wrs={qp['replayed_wrs']} "
+          f"synthesized={qp['synthesized_completions']} "
+          f"hidden_errors={qp['hidden_error_completions']}")
+    if qp["failovers"] < 1:
+        print(f"stats: QP {side} has no failover"); ok = False
+sys.exit(0 if ok else 1)
+PY
+    cat "$out"
+    ;;
+  noshim)
+    status=0
+    run env -u LD_PRELOAD LD_LIBRARY_PATH="$VF_FAKE_LIB_DIR" "$VF_PROGRAM" "$@" >"$out" 2>&1 || status=$?
+    grep -q "^SETUP:" "$out" && fail "the cut point could not be set up (proves nothing)"
+    [ "$status" -eq 1 ] || fail "without the shim the cut must break the traffic (exit 1), got exit $status"
+    grep -q "^FAIL: \[" "$out" || fail "no FAIL line explains the breakage"
+    echo "expected failure without the shim:"; grep -m 5 "^FAIL: \[" "$out"
+    ;;
+  *) echo "unknown mode $mode"; exit 2 ;;
+esac
