@@ -34,8 +34,10 @@ struct Config {
   bool failback = true;              // VERBS_FAILOVER_FAILBACK=0 stays on the standby path
 
   static constexpr std::uint8_t kDefaultQpTimeout = 14;        // 67 ms per try, ~0.5 s to RETRY_EXC
-  static constexpr std::uint16_t kDefaultCtrlPortFirst = 18515;
-  static constexpr std::uint16_t kDefaultCtrlPortLast = 18530;  // 16 processes per host
+  // Not perftest's or rc_pingpong's default 18515: the shim starts listening when a device is
+  // opened, before those programs bind their own port.
+  static constexpr std::uint16_t kDefaultCtrlPortFirst = 18600;
+  static constexpr std::uint16_t kDefaultCtrlPortLast = 18615;  // 16 processes per host
 };
 
 // One line per problem, each naming the variable and what it accepts; the caller prints them.

@@ -224,7 +224,12 @@ std::optional<ControlMessage> read_payload(MessageType type, Reader& reader) {
     case MessageType::kPairReply:
       return ControlMessage{PairReply{reader.pair()}};
     case MessageType::kMrUpdate:
-      return ControlMessage{MrUpdate{reader.registrations()}};
+    {
+      MrUpdate value;
+      value.registrations = reader.registrations();
+      value.device_gid = reader.gid("device GID");
+      return ControlMessage{value};
+    }
     case MessageType::kFailoverRequest: {
       FailoverRequest value;
       value.local = reader.key("local QP");
@@ -273,7 +278,12 @@ std::optional<ControlMessage> read_payload(MessageType type, Reader& reader) {
       return ControlMessage{value};
     }
     case MessageType::kMrQuery:
-      return ControlMessage{MrQuery{reader.u32("queried rkey")}};
+    {
+      MrQuery value;
+      value.primary_rkey = reader.u32("queried rkey");
+      value.device_gid = reader.gid("device GID");
+      return ControlMessage{value};
+    }
   }
   return std::nullopt;
 }
@@ -296,6 +306,7 @@ void encode_control_message(const ControlMessage& message, std::vector<std::uint
           writer.pair(value.pair);
         } else if constexpr (std::is_same_v<T, MrUpdate>) {
           writer.registrations(value.registrations);
+          writer.gid(value.device_gid);
         } else if constexpr (std::is_same_v<T, FailoverRequest>) {
           writer.key(value.local);
           writer.key(value.remote);
@@ -326,6 +337,7 @@ void encode_control_message(const ControlMessage& message, std::vector<std::uint
         } else {
           static_assert(std::is_same_v<T, MrQuery>);
           writer.u32(value.primary_rkey);
+          writer.gid(value.device_gid);
         }
       },
       message);

@@ -54,6 +54,9 @@ struct PairReply {
 // Registrations made (or removed: length 0) after pairing, pushed to connected peers.
 struct MrUpdate {
   std::vector<MrTranslation> registrations;
+  // The sender's port GID of the device these registrations belong to (the GID its QPs on that
+  // device are named by): rkeys are per device, so the same value on two devices is two keys.
+  Gid device_gid{};
   bool operator==(const MrUpdate&) const = default;
 };
 
@@ -128,6 +131,7 @@ struct Rearm {
 // standby path before the peer's MrUpdate arrived. Answered with an MrUpdate.
 struct MrQuery {
   std::uint32_t primary_rkey = 0;
+  Gid device_gid{};  // the queried side's device, as its QPs are named (MrUpdate)
   bool operator==(const MrQuery&) const = default;
 };
 
@@ -135,7 +139,7 @@ using ControlMessage = std::variant<PairRequest, PairReply, MrUpdate, FailoverRe
                                     Hello, PairRefused, Rearm, MrQuery>;
 
 inline constexpr std::uint32_t kControlMagic = 0x4D434656;  // "VFCM" little-endian
-inline constexpr std::uint16_t kControlVersion = 2;
+inline constexpr std::uint16_t kControlVersion = 3;
 inline constexpr std::size_t kControlHeaderSize = 12;       // magic, version, type, length
 inline constexpr std::size_t kMaxControlPayload = 64 * 1024;
 inline constexpr std::size_t kMaxRegistrationsPerMessage = 2048;

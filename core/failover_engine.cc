@@ -30,9 +30,12 @@ constexpr std::uint8_t kMaxPorts = 4;
 constexpr int kMaxDevices = 32;
 constexpr int kConnectTimeoutMs = 300;
 constexpr std::uint64_t kPairingAnswerTimeoutNs = 2'000'000'000;
-constexpr std::uint64_t kRearmRetryNs = 1'000'000'000;
+// A re-arm request unanswered for this long is sent again (with a fresh PSN). Long enough that a
+// late reply to the previous one is not mistaken for the answer to the new one.
+constexpr std::uint64_t kRearmRetryNs = 5'000'000'000;
 constexpr int kMaxGidScan = 16;
 constexpr int kPairingRounds = 6;
+constexpr std::uint64_t kSwitchAnswerTimeoutNs = 10'000'000'000;
 constexpr std::uint8_t kStandbyRdAtomic = 16;
 
 std::uint64_t realtime_ns() {
@@ -181,6 +184,7 @@ struct Protection {
   int pairing_rounds = 0;
   std::uint64_t retry_at_ns = 0;
   std::uint8_t peer_mtu = 0;
+  bool start_pairing_pending = false;
   QpAttrs attrs;
   SwitchState sw;
   std::uint32_t epoch = 0;
@@ -221,7 +225,10 @@ struct Engine {
   std::map<std::pair<ibv_pd*, int>, ShadowPd> shadow_pds;
   std::map<ibv_mr*, std::unique_ptr<MrRecord>> mrs;
   std::map<std::uint64_t, std::unique_ptr<KeyTranslation>> key_storage;  // owns registry values
-  std::map<std::uint64_t, std::uint32_t> peer_index_of_token;
+  std::map<std::pair<std::uint64_t, Gid>, std::uint32_t> peer_index_of;
+  // Control messages the application's threads want sent: the engine's thread sends them (it
+  // alone touches the network, which may block).
+  std::vector<std::pair<VirtualQp*, ControlMessage>> outbox;
   std::map<ibv_cq*, std::unique_ptr<CqState>> cqs;
   std::map<ibv_comp_channel*, ChannelState> channels;
   std::vector<std::pair<std::uint64_t, ControlMessage>> local_inbox;  // (unused token, message)
@@ -547,6 +554,7 @@ std::uint32_t random_psn() {
 // ------------------------------------------------------------------ messages
 
 void process_message(const PeerRef& from, std::uint64_t session, ControlMessage& message);
+void flush_outbox();
 
 bool send_to_peer(Protection& p, const ControlMessage& message) {
   Engine& e = engine();
@@ -597,12 +605,15 @@ PairRequest describe_standby(Protection& p) {
   return request;
 }
 
-std::uint32_t peer_index(std::uint64_t token) {
+// rkeys are per device: a translation table per (peer process, peer device), the device named
+// by the GID its QPs carry. Peers inside this process have one table per local device.
+std::uint32_t peer_index(std::uint64_t token, const Gid& device_gid) {
   Engine& e = engine();
-  auto [it, inserted] = e.peer_index_of_token.try_emplace(
-      token, static_cast<std::uint32_t>(e.peer_index_of_token.size() + 1));
+  auto [it, inserted] = e.peer_index_of.try_emplace(
+      std::make_pair(token, device_gid), static_cast<std::uint32_t>(e.peer_index_of.size() + 1));
   return it->second;
 }
+std::uint32_t local_peer_index(int device) { return 0x100000u + static_cast<std::uint32_t>(device); }
 
 void learn_translations(std::uint64_t peer, const std::vector<MrTranslation>& list) {
   for (const MrTranslation& entry : list) {
@@ -675,7 +686,7 @@ bool accept_peer_standby(Protection& p, const PairRequest& theirs) {
     set_unprotected(p, "the standby QP could not be connected");
     return false;
   }
-  learn_translations(p.qp->peer, theirs.registrations);
+  if (!p.peer.local) learn_translations(p.qp->peer, theirs.registrations);
   mark_protected(p);
   return true;
 }
@@ -697,7 +708,7 @@ void handle_pair_request(const PeerRef& from, std::uint64_t session, const PairR
   }
   p->peer = from;
   if (!from.local) p->peer.session = session;
-  p->qp->peer = from.local ? 0 : peer_index(from.token);
+  p->qp->peer = peer_index(from.token, request.local.gid);
   if (!p->remote_known) {
     p->remote = request.local;
     p->remote_known = true;
@@ -719,7 +730,7 @@ void handle_pair_reply(const PeerRef& from, std::uint64_t session, const PairRep
   if (p == nullptr || p->paired) return;
   p->peer = from;
   if (!from.local) p->peer.session = session;
-  p->qp->peer = from.local ? 0 : peer_index(from.token);
+  p->qp->peer = peer_index(from.token, reply.pair.local.gid);
   accept_peer_standby(*p, reply.pair);
 }
 
@@ -743,8 +754,8 @@ bool pair_locally(Protection& p) {
   self.local = true;
   p.peer = self;
   other->peer = self;
-  p.qp->peer = 0;
-  other->qp->peer = 0;
+  p.qp->peer = local_peer_index(other->qp->path[kPrimary].device_index);
+  other->qp->peer = local_peer_index(p.qp->path[kPrimary].device_index);
   if (other->qp->path[kStandby].qp == nullptr || other->qp->mode() == PostMode::kBypass) {
     p.pairing = false;
     set_unprotected(p, "its peer QP in this process is unprotected");
@@ -888,6 +899,7 @@ void finish_switch(Protection& p) {
   v.restart_sends(first);
   v.set_holding(false);
   v.link_error_seen.store(false);
+  v.drop_held_errors();  // replaced by the replay
   v.post_pending();
   if (v.send_ring().outstanding() == 0 && v.recv_ring().pending() == 0) {
     // Nothing to wait for on this side (a passive RDMA target): its traffic resumed with the
@@ -977,10 +989,68 @@ bool can_switch_to(const Protection& p, int target) {
          !v.application_failed.load() && v.mode() != PostMode::kBypass;
 }
 
+// No switch will happen: the error completions hidden for one reach the application, and the
+// QP runs pass-through from here (the application gets the error it would have got).
+void release_held_errors(Protection& p) {
+  VirtualQp& v = *p.qp;
+  std::vector<VirtualQp::HeldError> held;
+  v.lock().lock();
+  v.take_held_errors(held);
+  if (v.active_path() == kPrimary) v.set_mode(PostMode::kBypass);
+  v.application_failed.store(true);
+  v.lock().unlock();
+  for (const VirtualQp::HeldError& error : held) {
+    error.cq->lock.lock();
+    if (error.cq->stash.push(error.wc)) error.cq->stash_nonempty.store(true);
+    error.cq->lock.unlock();
+  }
+  if (!held.empty()) {
+    VF_LOG_WARN("qp {}: {} error completion(s) go to the application: no path is left", v.vqpn,
+                held.size());
+  }
+}
+
+// A switch whose peer never answers (its process is gone, the control channel is cut both ways):
+// the application gets what it would have got without the shim — the old path's error
+// completions (held), and a flush error for every signaled request it posted during the switch
+// that reached no QP.
+void abort_switch(Protection& p, const char* why) {
+  VirtualQp& v = *p.qp;
+  VF_LOG_ERROR("qp {}: the switch to the {} path cannot complete ({}); the application sees the "
+               "failure",
+               v.vqpn, path_name(p.sw.to), why);
+  std::vector<ibv_wc> flushed;
+  v.lock().lock();
+  v.send_ring().for_each_from(v.next_send_to_post(), [&](const SendRecord& record) {
+    if (record.signaled) {
+      ibv_wc wc{};
+      wc.wr_id = record.wr.wr_id;
+      wc.status = IBV_WC_WR_FLUSH_ERR;
+      wc.opcode = wc_opcode_of(record.wr.opcode);
+      wc.qp_num = v.vqpn;
+      flushed.push_back(wc);
+    }
+    return true;
+  });
+  v.set_holding(false);
+  v.set_mode(PostMode::kBypass);
+  v.lock().unlock();
+  p.sw.in_progress = false;
+  release_held_errors(p);
+  v.send_cq->lock.lock();
+  for (const ibv_wc& wc : flushed) v.send_cq->stash.push(wc);
+  if (!flushed.empty()) v.send_cq->stash_nonempty.store(true);
+  v.send_cq->lock.unlock();
+  set_unprotected(p, fmt::format("a switch failed ({})", why));
+}
+
 void start_switch(Protection& p, int target, FailoverReason reason) {
   VirtualQp& v = *p.qp;
   if (p.sw.in_progress || v.active_path() == target) return;
   if (!can_switch_to(p, target)) {
+    if (v.link_error_seen.load() || reason == FailoverReason::kErrorCompletion) {
+      release_held_errors(p);
+    }
     if (reason != FailoverReason::kFailback) {
       set_unprotected(p, fmt::format("its {} path failed and the {} path is not usable; the "
                                      "application sees the failure",
@@ -996,7 +1066,7 @@ void start_switch(Protection& p, int target, FailoverReason reason) {
   request.reason = static_cast<std::uint32_t>(reason);
   request.epoch = p.sw.epoch;
   request.target_path = static_cast<std::uint8_t>(target);
-  send_to_peer(p, request);
+  if (!send_to_peer(p, request)) return abort_switch(p, "the peer's shim cannot be reached");
   if (p.sw.peer_known) finish_switch(p);
 }
 
@@ -1017,6 +1087,11 @@ void handle_failover(const QpKey& ours, std::uint64_t delivered, std::uint32_t e
     return;
   }
   if (p->qp->active_path() == target) return;
+  if (p->qp->application_failed.load() || p->qp->mode() == PostMode::kBypass) {
+    VF_LOG_INFO("qp {}: the peer asks for a switch, but the application has taken the QP down",
+                p->qp->vqpn);
+    return;
+  }
   // The peer switches: so do we, whatever our ports say (its side of the path failed).
   begin_switch(*p, target, reason == FailoverReason::kFailback ? reason
                                                                 : FailoverReason::kPeerRequest,
@@ -1117,12 +1192,15 @@ void handle_rearm(const vf::Rearm& message) {
 void maybe_rearm(Protection& p, int path) {
   VirtualQp& v = *p.qp;
   Rearm& rearm = p.rearm[path];
-  if (!rearm.needed || p.sw.in_progress || v.active_path() == path) return;
+  if (!rearm.needed || p.sw.in_progress || v.active_path() == path ||
+      v.application_failed.load()) {
+    return;
+  }
   const PhysicalPath& physical = v.path[path];
   if (!port_active(physical.device_index, physical.port)) return;
   if (p.local != p.remote && answers_rearm(p)) return;  // the peer asks; we answer
   const std::uint64_t now = monotonic_ns();
-  if (rearm.awaiting && now - rearm.sent_ns < kRearmRetryNs) return;
+  if (rearm.awaiting && now < rearm.sent_ns + kRearmRetryNs) return;
   const unsigned int access = path == kPrimary && (p.attrs.init_mask & IBV_QP_ACCESS_FLAGS)
                                   ? p.attrs.init.qp_access_flags
                                   : kFullAccess;
@@ -1220,14 +1298,16 @@ void process_message(const PeerRef& from, std::uint64_t session, ControlMessage&
   if (auto* m = std::get_if<PairReply>(&message)) return handle_pair_reply(from, session, *m);
   if (auto* m = std::get_if<PairRefused>(&message)) return handle_pair_refused(*m);
   if (auto* m = std::get_if<MrUpdate>(&message)) {
-    if (!from.local) learn_translations(peer_index(from.token), m->registrations);
+    if (!from.local) learn_translations(peer_index(from.token, m->device_gid), m->registrations);
     return;
   }
   if (auto* m = std::get_if<MrQuery>(&message)) {
     Engine& e = engine();
     MrUpdate update;
+    update.device_gid = m->device_gid;
     for (const auto& [mr, record] : e.mrs) {
-      if (mr->rkey == m->primary_rkey && record->shadow != nullptr) {
+      if (mr->rkey == m->primary_rkey && record->shadow != nullptr &&
+          gid_of_port(record->device, 1, m->device_gid)) {
         update.registrations.push_back({reinterpret_cast<std::uintptr_t>(mr->addr), mr->length,
                                         mr->rkey, record->shadow->rkey});
       }
@@ -1272,7 +1352,16 @@ void periodic_work() {
       start_switch(p, other_path(v.active_path()), FailoverReason::kErrorCompletion);
       v.link_error_seen.store(false);
     }
-    if (p.pairing && p.awaiting_session != 0 && now - p.awaiting_since_ns > kPairingAnswerTimeoutNs) {
+    if (p.start_pairing_pending) {
+      p.start_pairing_pending = false;
+      if (!p.paired && !p.pairing) start_pairing(p);
+    }
+    if (p.sw.in_progress && !p.sw.peer_known && now > p.sw.started_monotonic_ns &&
+        now - p.sw.started_monotonic_ns > kSwitchAnswerTimeoutNs) {
+      abort_switch(p, "no answer from the peer's shim within 10 s");
+    }
+    if (p.pairing && p.awaiting_session != 0 && now > p.awaiting_since_ns &&
+        now - p.awaiting_since_ns > kPairingAnswerTimeoutNs) {
       p.awaiting_session = 0;
       try_next_candidate(p);
     }
@@ -1282,6 +1371,8 @@ void periodic_work() {
     }
     if (v.translation_missing.exchange(false)) {
       // Ask the peer for what we miss, then try again (the answer arrives as an MrUpdate).
+      std::uint32_t missing = 0;
+      bool found = false;
       v.lock().lock();
       v.send_ring().for_each_from(v.next_send_to_post(), [&](const SendRecord& record) {
         std::uint32_t ignored = 0;
@@ -1289,12 +1380,12 @@ void periodic_work() {
                                            record.wr.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD
                                        ? record.wr.wr.atomic.rkey
                                        : record.wr.wr.rdma.rkey;
-        if (!translate_rkey(v.peer, rkey, &ignored) && !p.peer.local) {
-          send_to_peer(p, MrQuery{rkey});
-        }
+        found = !translate_rkey(v.peer, rkey, &ignored);
+        missing = rkey;
         return false;
       });
       v.lock().unlock();
+      if (found && !p.peer.local) send_to_peer(p, MrQuery{missing, p.remote.gid});
     }
     if (!v.holding() && v.mode() == PostMode::kRouted) {
       v.lock().lock();
@@ -1321,7 +1412,7 @@ bool has_pending_work() {
   Engine& e = engine();
   for (auto& [key, p] : e.protections) {
     if (p.destroyed) continue;
-    if (p.pairing || p.pending_event != UINT32_MAX || p.rearm[0].needed || p.rearm[1].needed ||
+    if (p.pairing || p.start_pairing_pending || p.pending_event != UINT32_MAX || p.rearm[0].needed || p.rearm[1].needed ||
         p.sw.in_progress || p.qp->translation_missing.load()) {
       return true;
     }
@@ -1369,7 +1460,7 @@ void run_engine() {
     int timeout_ms = -1;
     {
       std::lock_guard lock(e.mutex);
-      if (has_pending_work() || !e.local_inbox.empty()) timeout_ms = 20;
+      if (has_pending_work() || !e.local_inbox.empty() || !e.outbox.empty()) timeout_ms = 20;
       if (e.config.stats_interval_s > 0) {
         const std::uint64_t now = monotonic_ns();
         const int until_stats = e.next_stats_ns > now
@@ -1425,6 +1516,7 @@ void run_engine() {
         self.local = true;
         for (auto& [ignored, message] : inbox) process_message(self, 0, message);
       }
+      flush_outbox();
       periodic_work();
       if (e.config.stats_interval_s > 0 && monotonic_ns() >= e.next_stats_ns) {
         e.next_stats_ns = monotonic_ns() + static_cast<std::uint64_t>(e.config.stats_interval_s * 1e9);
@@ -1524,6 +1616,34 @@ bool mirror_mr(MrRecord& record, ibv_pd* app_pd, void* addr, std::size_t length,
   return true;
 }
 
+// One MrUpdate per (peer process, device) paired with a QP of this device.
+void queue_mr_update(int device, const MrTranslation& translation) {
+  Engine& e = engine();
+  std::vector<std::pair<std::uint64_t, Gid>> told;
+  for (auto& [key, p] : e.protections) {
+    if (p.destroyed || !p.paired || p.peer.local) continue;
+    if (p.qp->path[kPrimary].device_index != device) continue;
+    const auto who = std::make_pair(p.peer.token, p.local.gid);
+    if (std::find(told.begin(), told.end(), who) != told.end()) continue;
+    told.push_back(who);
+    MrUpdate update;
+    update.registrations.push_back(translation);
+    update.device_gid = p.local.gid;
+    e.outbox.emplace_back(p.qp.get(), update);
+  }
+}
+
+void flush_outbox() {
+  Engine& e = engine();
+  auto outbox = std::move(e.outbox);
+  e.outbox.clear();
+  for (auto& [v, message] : outbox) {
+    auto it = e.protections.find(v);
+    if (it == e.protections.end() || it->second.destroyed) continue;
+    send_to_peer(it->second, message);
+  }
+}
+
 }  // namespace
 
 // ==================================================================== public interface
@@ -1574,6 +1694,10 @@ void FailoverEngine::on_cq_destroy(ibv_cq* cq) {
   auto it = e.cqs.find(cq);
   if (it == e.cqs.end()) return;
   CqState* state = it->second.get();
+  for (auto& [key, p] : e.protections) {
+    // A QP still uses it: the provider refuses the destroy (EBUSY) and the CQ lives on.
+    if (!p.destroyed && (p.qp->send_cq == state || p.qp->recv_cq == state)) return;
+  }
   cqs_by_address().erase(cq);
   state->lock.lock();  // no poller is inside any more
   state->lock.unlock();
@@ -1757,7 +1881,11 @@ int FailoverEngine::modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask,
       if (mask & IBV_QP_RQ_PSN) {
         // nothing: the application's PSNs stay its own until a re-arm picks fresh ones
       }
-      if (!p.paired && !p.pairing && p.remote_known) start_pairing(p);
+      // A peer in this process pairs at once (no network); any other pairing connects to the
+      // peer, which may block: the engine's thread does it.
+      if (!p.paired && !p.pairing && p.remote_known && !pair_locally(p)) {
+        p.start_pairing_pending = true;
+      }
       wake_engine();
       break;
     }
@@ -1771,14 +1899,21 @@ int FailoverEngine::modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask,
     case IBV_QPS_RESET:
     case IBV_QPS_SQD:
     case IBV_QPS_SQE:
-      // The application tears the QP down (or drives it itself): it gets what it asks for.
+      // The application tears the QP down (or drives it itself): it gets what it asks for. If
+      // its traffic runs on the standby, that QP goes to ERR as well, and its flushes reach the
+      // application (translated) as the primary's would have.
       v->application_failed.store(true);
-      if (v->active_path() == kPrimary && !p.sw.in_progress) {
+      if (v->active_path() == kStandby && v->path[kStandby].qp != nullptr) {
+        to_error(v->path[kStandby].qp, false);
+      } else if (!p.sw.in_progress) {
         v->lock().lock();
         v->set_mode(PostMode::kBypass);
         v->lock().unlock();
       }
       p.pairing = false;
+      p.start_pairing_pending = false;
+      p.rearm[0] = {};
+      p.rearm[1] = {};
       break;
     default:
       break;
@@ -1839,20 +1974,15 @@ void FailoverEngine::on_mr_registered(ibv_mr* mr, void* addr, std::size_t length
   record->device = device;
   if (!mirror_mr(*record, mr->pd, addr, length, iova, access, dmabuf_fd, dmabuf_offset)) return;
   put_key(lkeys(), lkey_key(device, mr->lkey), record->shadow->lkey);
-  put_key(rkeys(), rkey_key(0, mr->rkey), record->shadow->rkey);  // for peers in this process
+  // For QPs of this process connected to this device.
+  put_key(rkeys(), rkey_key(local_peer_index(device), mr->rkey), record->shadow->rkey);
   const MrTranslation translation{reinterpret_cast<std::uintptr_t>(addr), length, mr->rkey,
                                   record->shadow->rkey};
   e.mrs[mr] = std::move(record);
-  // Peers already paired learn it now (those pairing later get the table in the pairing).
-  std::vector<std::uint64_t> told;
-  for (auto& [key, p] : e.protections) {
-    if (p.destroyed) continue;
-    if (!p.paired || p.peer.local || std::find(told.begin(), told.end(), p.peer.token) != told.end()) {
-      continue;
-    }
-    told.push_back(p.peer.token);
-    send_to_peer(p, MrUpdate{{translation}});
-  }
+  // Peers already paired on this device learn it (those pairing later get the table in the
+  // pairing), from the engine's thread.
+  queue_mr_update(device, translation);
+  wake_engine();
 }
 
 void FailoverEngine::on_mr_deregister(ibv_mr* mr) {
@@ -1861,16 +1991,9 @@ void FailoverEngine::on_mr_deregister(ibv_mr* mr) {
   auto it = e.mrs.find(mr);
   if (it == e.mrs.end()) return;
   erase_key(lkeys(), lkey_key(it->second->device, mr->lkey));
-  erase_key(rkeys(), rkey_key(0, mr->rkey));
-  std::vector<std::uint64_t> told;
-  for (auto& [key, p] : e.protections) {
-    if (p.destroyed) continue;
-    if (!p.paired || p.peer.local || std::find(told.begin(), told.end(), p.peer.token) != told.end()) {
-      continue;
-    }
-    told.push_back(p.peer.token);
-    send_to_peer(p, MrUpdate{{MrTranslation{0, 0, mr->rkey, 0}}});
-  }
+  queue_mr_update(it->second->device, MrTranslation{0, 0, mr->rkey, 0});
+  erase_key(rkeys(), rkey_key(local_peer_index(it->second->device), mr->rkey));
+  wake_engine();
   if (it->second->shadow != nullptr) e.verbs.dereg_mr(it->second->shadow);
   e.mrs.erase(it);
 }

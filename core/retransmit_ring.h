@@ -45,6 +45,15 @@ class RetransmitRing {
   // A successful completion on a path that carries the ring's sequence as wr_id: copies the
   // request out (for the application's wr_id and opcode) and retires it and everything earlier.
   bool retire_sequence(std::uint64_t sequence, SendRecord& out);
+  // The outstanding request with this sequence, or nullptr (nothing retires).
+  const SendRecord* find_sequence(std::uint64_t sequence) const {
+    for (std::uint64_t position = head_; position < tail_; ++position) {
+      const SendRecord& entry = records_[slot_of(position)];
+      if (entry.sequence == sequence) return &entry;
+      if (entry.sequence > sequence) break;
+    }
+    return nullptr;
+  }
   // Keeps only the outstanding requests `keep` accepts, in order (after a failover: what was
   // proven done leaves the ring). Sequences and message indexes are preserved.
   template <typename Keep>

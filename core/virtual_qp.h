@@ -155,27 +155,45 @@ class VirtualQp {
   int post_recv(ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
   // One completion polled from `path`'s physical CQ, under lock(): bookkeeping, translation to
   // what the application must see. Returns false when it must not reach the application.
-  bool on_completion_locked(int path, ibv_wc& wc);
+  bool on_completion_locked(CqState& cq, int path, ibv_wc& wc);
+  // Engine, when a switch turns out impossible: the error completions hidden in the hope of one
+  // go to the application after all, as they would have without the shim.
+  struct HeldError {
+    CqState* cq;
+    ibv_wc wc;
+  };
+  void take_held_errors(std::vector<HeldError>& out) {
+    out.swap(held_errors_);
+    held_errors_.clear();
+    held_errors_.reserve(out.capacity());
+  }
+  void drop_held_errors() { held_errors_.clear(); }
   // ibv_wr_* batch (perftest's default API): the shim's wr_* hooks call these.
-  // wr_start takes the QP's lock and wr_complete/wr_abort release it, so a batch is never split
-  // by a switch. In direct mode the hooks also call the provider's functions; in routed mode the
-  // batch is only staged and wr_complete posts it from the ring.
+  // A batch is staged without the QP's lock (the ibv_wr_* API of one QP is used by one thread at
+  // a time; holding the lock across it would deadlock an application that posts a receive or
+  // polls inside a batch). In direct mode the hooks also call the provider's functions; the
+  // lock is taken in wr_complete, where the mode is checked again: if a switch began meanwhile,
+  // the provider's batch is aborted and the staged one is routed instead.
   void wr_start();
   ibv_send_wr* wr_stage(ibv_wr_opcode opcode, std::uint64_t wr_id, unsigned int flags);
   void wr_stage_sges(std::size_t count, const ibv_sge* sges);
   void wr_stage_inline(std::size_t count, const ibv_data_buf* bufs);
   bool wr_direct() const { return batch_.direct; }
-  // Direct mode: records the batch before the provider's wr_complete runs; then wr_finish with
-  // its result (a failure drops the records). Routed mode: wr_complete_routed does everything.
-  int wr_record_batch();
+  // Direct mode: wr_begin_complete takes the lock and records the batch; 0: still direct, call
+  // the provider's wr_complete, then wr_finish with its result (a failure drops the records);
+  // kWrRerouted: a switch began, abort the provider's batch and call wr_complete_routed_locked;
+  // an errno: refused (lock released). Routed mode: wr_complete_routed does everything.
+  static constexpr int kWrRerouted = -1;
+  int wr_begin_complete();
   void wr_finish(int provider_result);
   int wr_complete_routed();
+  int wr_complete_routed_locked();
   void wr_abort();
 
   // ---- engine (its thread), under lock() ----
   SpinLock& lock() { return lock_; }
-  PostMode mode() const { return mode_; }
-  void set_mode(PostMode mode) { mode_ = mode; }
+  PostMode mode() const { return mode_.load(std::memory_order_relaxed); }
+  void set_mode(PostMode mode) { mode_.store(mode, std::memory_order_relaxed); }
   int active_path() const { return active_.load(std::memory_order_relaxed); }
   void set_active_path(int path) { active_.store(path, std::memory_order_relaxed); }
   bool accepting(int path) const { return accepting_[path]; }
@@ -218,10 +236,11 @@ class VirtualQp {
   bool post_one_send(const SendRecord& record, int path, bool* missing_key);
   bool post_one_recv(std::uint64_t position, const ReceiveRecord& record, const ibv_sge* sges,
                      int path);
-  bool on_error_completion(int path, ibv_wc& wc);
+  bool on_error_completion(CqState& cq, int path, ibv_wc& wc);
+  void translate_standby_error(ibv_wc& wc);
 
   SpinLock lock_;
-  PostMode mode_ = PostMode::kDirect;
+  std::atomic<PostMode> mode_{PostMode::kDirect};  // written under lock_; read by wr_start without it
   std::atomic<int> active_{kPrimary};
   bool accepting_[kPathCount] = {true, false};
   RetransmitRing send_ring_;
@@ -230,6 +249,7 @@ class VirtualQp {
   std::uint64_t next_recv_to_post_ = 0;  // ring position
   bool holding_ = false;
   WrBatch batch_;
+  std::vector<HeldError> held_errors_;  // capacity fixed at creation: no allocation on the path
 };
 
 // A wc status that says the link (not the application) failed.

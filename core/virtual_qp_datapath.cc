@@ -70,6 +70,7 @@ VirtualQp::VirtualQp(ibv_qp* qp, const ibv_context_ops* ops, const ibv_qp_cap& c
   batch_.wrs.resize(batch);
   batch_.sges.resize(batch * max_send_sge);
   batch_.inline_data.resize(batch * max_inline);
+  held_errors_.reserve(static_cast<std::size_t>(cap.max_send_wr) + cap.max_recv_wr + 16);
 }
 
 // ---------------------------------------------------------------- posting
@@ -277,11 +278,30 @@ bool VirtualQp::post_pending(bool sends) {
 
 // ---------------------------------------------------------------- completions
 
-bool VirtualQp::on_error_completion(int p, ibv_wc& wc) {
+// An error completion of the standby path as the application must see it: its QPN, its wr_id.
+void VirtualQp::translate_standby_error(ibv_wc& wc) {
+  wc.qp_num = vqpn;
+  if (wc.wr_id & kStandbyReceiveTag) {
+    if (const ReceiveRecord* record = recv_ring_.at(wc.wr_id & ~kStandbyReceiveTag)) {
+      wc.wr_id = record->wr_id;
+    }
+  } else if (const SendRecord* record = send_ring_.find_sequence(wc.wr_id)) {
+    // An error retires nothing: the request may still be replayed on the other path.
+    wc.wr_id = record->wr.wr_id;
+  }
+}
+
+bool VirtualQp::on_error_completion(CqState& cq, int p, ibv_wc& wc) {
   const bool alternative = path[other_path(p)].connected && !path[other_path(p)].failed;
   if (is_link_failure(wc.status) && alternative &&
       !application_failed.load(std::memory_order_relaxed)) {
     counters.hidden_error_completions.fetch_add(1, std::memory_order_relaxed);
+    // Kept until the switch is done: if it cannot happen, the application gets them after all.
+    if (held_errors_.size() < held_errors_.capacity()) {
+      HeldError held{&cq, wc};
+      if (p == kStandby) translate_standby_error(held.wc);
+      held_errors_.push_back(held);
+    }
     if (!link_error_seen.exchange(true)) {
       VF_LOG_DEBUG("qp {}: {} completion (status {}, wr_id {:#x}) on the {} path hidden; "
                    "switching paths",
@@ -293,21 +313,11 @@ bool VirtualQp::on_error_completion(int p, ibv_wc& wc) {
   }
   // The application's own error (or no path left): it gets the completion it would have got.
   if (!is_link_failure(wc.status)) application_failed.store(true, std::memory_order_relaxed);
-  if (p == kStandby) {
-    wc.qp_num = vqpn;
-    if (wc.wr_id & kStandbyReceiveTag) {
-      if (const ReceiveRecord* record = recv_ring_.at(wc.wr_id & ~kStandbyReceiveTag)) {
-        wc.wr_id = record->wr_id;
-      }
-    } else {
-      SendRecord record;
-      if (send_ring_.retire_sequence(wc.wr_id, record)) wc.wr_id = record.wr.wr_id;
-    }
-  }
+  if (p == kStandby) translate_standby_error(wc);
   return true;
 }
 
-bool VirtualQp::on_completion_locked(int p, ibv_wc& wc) {
+bool VirtualQp::on_completion_locked(CqState& cq, int p, ibv_wc& wc) {
   if (__builtin_expect(!accepting_[p], 0)) {
     // A path traffic has left: whatever it still reports was drained, replayed or synthesized.
     if (wc.status != IBV_WC_SUCCESS) {
@@ -316,7 +326,7 @@ bool VirtualQp::on_completion_locked(int p, ibv_wc& wc) {
     return false;
   }
   if (__builtin_expect(wc.status != IBV_WC_SUCCESS, 0)) {
-    return mode_ == PostMode::kBypass ? true : on_error_completion(p, wc);
+    return mode_ == PostMode::kBypass ? true : on_error_completion(cq, p, wc);
   }
   const bool receive = (wc.opcode & IBV_WC_RECV) != 0;
   if (p == kPrimary) {
@@ -372,7 +382,8 @@ int CqState::poll_physical(int p, int num_entries, ibv_wc* wc, int* raw) {
       qp = g_services.find_by_qpn(device, qpn);
       if (qp != nullptr) qp->lock().lock();
     }
-    if (qp != nullptr && !qp->on_completion_locked(p, wc[i])) continue;
+    // A standby completion nobody owns (its QP was destroyed) is the shim's, never the app's.
+    if (qp == nullptr ? p == kStandby : !qp->on_completion_locked(*this, p, wc[i])) continue;
     if (kept != i) wc[kept] = wc[i];
     ++kept;
   }
@@ -426,10 +437,9 @@ bool CqState::drain_into_stash(int p) {
 // ---------------------------------------------------------------- ibv_wr_* batches
 
 void VirtualQp::wr_start() {
-  lock_.lock();
   batch_.count = 0;
   batch_.overflow = false;
-  batch_.direct = mode_ != PostMode::kRouted;
+  batch_.direct = mode_ != PostMode::kRouted;  // re-checked under the lock in wr_complete
 }
 
 ibv_send_wr* VirtualQp::wr_stage(ibv_wr_opcode opcode, std::uint64_t wr_id, unsigned int flags) {
@@ -477,14 +487,21 @@ void VirtualQp::wr_stage_inline(std::size_t count, const ibv_data_buf* bufs) {
   wr.num_sge = 1;
 }
 
-int VirtualQp::wr_record_batch() {
+int VirtualQp::wr_begin_complete() {
+  lock_.lock();
   if (mode_ == PostMode::kBypass) return 0;
-  if (batch_.overflow) return EINVAL;
+  if (mode_ == PostMode::kRouted) return kWrRerouted;
+  if (batch_.overflow) {
+    batch_.count = 0;
+    lock_.unlock();
+    return EINVAL;
+  }
   for (std::uint32_t i = 0; i < batch_.count; ++i) {
     const int error = send_ring_.record(batch_.wrs[i], sig_all);
     if (error != 0) {
       send_ring_.drop_newest(i);
       batch_.count = 0;
+      lock_.unlock();
       return error;
     }
   }
@@ -501,6 +518,11 @@ void VirtualQp::wr_finish(int provider_result) {
 }
 
 int VirtualQp::wr_complete_routed() {
+  lock_.lock();
+  return wr_complete_routed_locked();
+}
+
+int VirtualQp::wr_complete_routed_locked() {
   int result = batch_.overflow ? EINVAL : 0;
   std::uint32_t recorded = 0;
   while (result == 0 && recorded < batch_.count) {
@@ -517,9 +539,6 @@ int VirtualQp::wr_complete_routed() {
   return result;
 }
 
-void VirtualQp::wr_abort() {
-  batch_.count = 0;
-  lock_.unlock();
-}
+void VirtualQp::wr_abort() { batch_.count = 0; }
 
 }  // namespace vf

@@ -86,10 +86,16 @@ int protected_wr_complete(ibv_qp_ex* qpx) {
   if (record == nullptr) return EINVAL;
   if (v == nullptr) return record->original.wr_complete(qpx);
   if (!v->wr_direct()) return v->wr_complete_routed();
-  if (const int error = v->wr_record_batch(); error != 0) {
+  const int state = v->wr_begin_complete();
+  if (state == VirtualQp::kWrRerouted) {
+    // A switch began during the batch: the provider's half goes nowhere, the staged one is
+    // posted from the ring on the new path.
     record->original.wr_abort(qpx);
-    v->wr_abort();
-    return error;
+    return v->wr_complete_routed_locked();
+  }
+  if (state != 0) {
+    record->original.wr_abort(qpx);
+    return state;
   }
   const int result = record->original.wr_complete(qpx);
   v->wr_finish(result);

@@ -83,8 +83,8 @@ TEST_CASE("failover settings: defaults") {
   CHECK(result.config.stats_file.empty());
   CHECK(result.config.stats_interval_s == 0);
   CHECK(result.config.qp_timeout == 14);
-  CHECK(result.config.ctrl_port_first == 18515);
-  CHECK(result.config.ctrl_port_last == 18530);
+  CHECK(result.config.ctrl_port_first == 18600);
+  CHECK(result.config.ctrl_port_last == 18615);
   CHECK(result.config.ctrl_peer_addresses.empty());
   CHECK(result.config.failback);
 }
@@ -162,8 +162,8 @@ TEST_CASE("VERBS_FAILOVER_CTRL_ADDRS: ports and peer addresses") {
   SECTION("addresses only keep the default ports") {
     const auto result = parse({{"VERBS_FAILOVER_CTRL_ADDRS", "@10.0.0.1"}});
     CHECK(result.problems.empty());
-    CHECK(result.config.ctrl_port_first == 18515);
-    CHECK(result.config.ctrl_port_last == 18530);
+    CHECK(result.config.ctrl_port_first == 18600);
+    CHECK(result.config.ctrl_port_last == 18615);
     CHECK(result.config.ctrl_peer_addresses == std::vector<std::string>{"10.0.0.1"});
   }
   SECTION("edges: port 1, port 65535, a range of exactly 1024") {
@@ -197,11 +197,11 @@ TEST_CASE("VERBS_FAILOVER_CTRL_ADDRS: ports and peer addresses") {
       CHECK(result.problems[0] ==
             fmt::format("VERBS_FAILOVER_CTRL_ADDRS='{}' is not understood: {}; accepted values: "
                         "[PORT|FIRST-LAST][@ADDR[,ADDR...]] (ports 1-65535, at most 1024 in a "
-                        "range; ADDR a dotted IPv4 address); using ports 18515-18530 and no peer "
+                        "range; ADDR a dotted IPv4 address); using ports 18600-18615 and no peer "
                         "addresses",
                         value, reason));
-      CHECK(result.config.ctrl_port_first == 18515);
-      CHECK(result.config.ctrl_port_last == 18530);
+      CHECK(result.config.ctrl_port_first == 18600);
+      CHECK(result.config.ctrl_port_last == 18615);
       CHECK(result.config.ctrl_peer_addresses.empty());
     }
   }

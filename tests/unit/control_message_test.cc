@@ -87,7 +87,7 @@ TEST_CASE("every message type survives encode and decode unchanged") {
                       static_cast<std::uint32_t>(vf::PairRefusal::kUnprotected)},
       sample_rearm(),
       vf::Rearm{{1, {}}, {2, {}}, 1, 0xFFFFFF, gid_of(9), 0, false},
-      vf::MrQuery{0xDEADBEEF},
+      vf::MrQuery{0xDEADBEEF, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}},
   };
   for (const auto& message : messages) {
     const auto bytes = encode(message);
@@ -127,13 +127,13 @@ TEST_CASE("malformed messages are rejected with a precise reason") {
   }
   SECTION("future protocol version") {
     auto bytes = good;
-    bytes[4] = 3;
-    CHECK(decode(bytes).error == "protocol version 3 is not supported (this shim speaks 2)");
+    bytes[4] = 4;
+    CHECK(decode(bytes).error == "protocol version 4 is not supported (this shim speaks 3)");
   }
   SECTION("the previous protocol version") {
     auto bytes = good;
-    bytes[4] = 1;
-    CHECK(decode(bytes).error == "protocol version 1 is not supported (this shim speaks 2)");
+    bytes[4] = 2;
+    CHECK(decode(bytes).error == "protocol version 2 is not supported (this shim speaks 3)");
   }
   SECTION("unknown type") {
     auto bytes = good;
@@ -294,6 +294,18 @@ TEST_CASE("malformed messages of the version-2 types are rejected with a precise
     bytes[8] = 0;
     bytes.resize(vf::kControlHeaderSize);
     CHECK(decode(bytes).error == "malformed message of type 9: message ends inside queried rkey");
+  }
+  SECTION("mr query: cut inside the device GID") {
+    auto bytes = encode(vf::MrQuery{5});
+    bytes[8] = static_cast<std::uint8_t>(bytes[8] - 3);
+    bytes.resize(bytes.size() - 3);
+    CHECK(decode(bytes).error == "malformed message of type 9: message ends inside device GID");
+  }
+  SECTION("mr update: cut inside the device GID") {
+    auto bytes = encode(vf::MrUpdate{{{1, 2, 3, 4}}, {}});
+    bytes[8] = static_cast<std::uint8_t>(bytes[8] - 1);
+    bytes.resize(bytes.size() - 1);
+    CHECK(decode(bytes).error == "malformed message of type 3: message ends inside device GID");
   }
   SECTION("mr query: trailing bytes") {
     auto bytes = encode(vf::MrQuery{5});
