@@ -185,6 +185,7 @@ struct Protection {
   std::uint64_t retry_at_ns = 0;
   std::uint8_t peer_mtu = 0;
   bool start_pairing_pending = false;
+  bool peer_unreachable_reported = false;
   QpAttrs attrs;
   SwitchState sw;
   std::uint32_t epoch = 0;
@@ -565,7 +566,10 @@ bool send_to_peer(Protection& p, const ControlMessage& message) {
   }
   ControlSession* session = e.channel.find_by_token(p.peer.token);
   if (session == nullptr) session = e.channel.find(p.peer.session);
-  if (session != nullptr && e.channel.send(session->id, message)) return true;
+  if (session != nullptr && e.channel.send(session->id, message)) {
+    p.peer_unreachable_reported = false;
+    return true;
+  }
   // Every session to the peer is gone: reach it on any address it advertised.
   for (std::uint32_t address : p.peer.addresses) {
     std::string error;
@@ -578,8 +582,11 @@ bool send_to_peer(Protection& p, const ControlMessage& message) {
     p.peer.session = id;
     if (e.channel.send(id, message)) return true;
   }
-  VF_LOG_ERROR("qp {}: the peer's shim (pid {}) cannot be reached on any of its addresses",
-               p.qp->vqpn, p.peer.pid);
+  if (!p.peer_unreachable_reported) {  // once, not at every retry
+    p.peer_unreachable_reported = true;
+    VF_LOG_ERROR("qp {}: the peer's shim (pid {}) cannot be reached on any of its addresses",
+                 p.qp->vqpn, p.peer.pid);
+  }
   return false;
 }
 

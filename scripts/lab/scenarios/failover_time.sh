@@ -12,7 +12,8 @@ SCENARIO_ALL=no
 SCENARIO_TIMEOUT=900
 
 scenario_run() {
-  local rounds=${VF_FAILOVER_ROUNDS:-5} i port rc=0 iters=600
+  # 2000 x 64 KiB: 10-40 s under emulation, so the fault lands while the traffic runs.
+  local rounds=${VF_FAILOVER_ROUNDS:-5} i port rc=0 iters=2000
   local env=("VERBS_FAILOVER_PAIRS=rxe0:rxe1,rxe1:rxe0")
   [[ -n ${VERBS_FAILOVER_LOG:-} ]] || env+=(VERBS_FAILOVER_LOG=info)
   for ((i = 1; i <= rounds; i++)); do
@@ -23,6 +24,7 @@ scenario_run() {
     app A "cli$i" "${env[@]}" -- stdbuf -oL ib_write_bw "${args[@]}" "$(ip_of B mgmt)"
     wait_log A "cli$i" '#bytes' 30 || lab_fail "round $i: traffic did not start"
     after_seconds 2
+    [[ -z $(job_rc A "cli$i") ]] || lab_fail "round $i: ib_write_bw ended before the fault: make the run longer"
     fault port_down A rail0
     if ! wait_jobs_or_failure 90 10 "A:cli$i" "B:srv$i"; then
       note "round $i: client $(job_rc A "cli$i") server $(job_rc B "srv$i")"
