@@ -17,11 +17,13 @@
 #include <random>
 #include <thread>
 
+#include "core/clock.h"
 #include "core/control_channel.h"
 #include "core/device_pairs.h"
 #include "core/log.h"
 #include "core/object_registry.h"
 #include "core/stats.h"
+#include "core/verbs_names.h"
 
 namespace vf {
 namespace {
@@ -38,34 +40,9 @@ constexpr int kPairingRounds = 6;
 constexpr std::uint64_t kSwitchAnswerTimeoutNs = 10'000'000'000;
 constexpr std::uint8_t kStandbyRdAtomic = 16;
 
-std::uint64_t realtime_ns() {
-  timespec ts{};
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull +
-         static_cast<std::uint64_t>(ts.tv_nsec);
-}
-
-std::uint64_t monotonic_ns() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull +
-         static_cast<std::uint64_t>(ts.tv_nsec);
-}
-
 const void* key_of(std::uint64_t value) { return reinterpret_cast<const void*>(value); }
 std::uint64_t qpn_key(int device, std::uint32_t qpn) {
   return (static_cast<std::uint64_t>(device + 1) << 32) | qpn;
-}
-
-const char* port_state_name(ibv_port_state state) {
-  switch (state) {
-    case IBV_PORT_DOWN: return "DOWN";
-    case IBV_PORT_INIT: return "INIT";
-    case IBV_PORT_ARMED: return "ARMED";
-    case IBV_PORT_ACTIVE: return "ACTIVE";
-    case IBV_PORT_ACTIVE_DEFER: return "ACTIVE_DEFER";
-    default: return "NOP";
-  }
 }
 
 const char* path_name(int path) { return path == kPrimary ? "primary" : "standby"; }
@@ -479,14 +456,21 @@ bool to_error(ibv_qp* qp, bool app_qp) {
 constexpr unsigned int kFullAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                                      IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
 
+// The MTU this side offers for the standby pair: the backup port's, no larger than what the
+// application gave its primary.
+ibv_mtu standby_mtu(const Protection& p) {
+  const PhysicalPath& standby = p.qp->path[kStandby];
+  ibv_mtu mtu = engine().devices[standby.device_index].ports[standby.port].active_mtu;
+  if (p.attrs.have_rtr && (p.attrs.rtr_mask & IBV_QP_PATH_MTU)) mtu = std::min(mtu, p.attrs.rtr.path_mtu);
+  return mtu;
+}
 // Connects the standby QP to the peer's standby (RTR then RTS).
 bool connect_standby(Protection& p, std::uint32_t dest_qpn, const Gid& dest_gid,
                      std::uint32_t dest_psn, std::uint8_t peer_mtu) {
   Engine& e = engine();
   PhysicalPath& standby = p.qp->path[kStandby];
   const Device& device = e.devices[standby.device_index];
-  ibv_mtu mtu = device.ports[standby.port].active_mtu;
-  if (p.attrs.have_rtr && (p.attrs.rtr_mask & IBV_QP_PATH_MTU)) mtu = std::min(mtu, p.attrs.rtr.path_mtu);
+  ibv_mtu mtu = standby_mtu(p);
   if (peer_mtu != 0) mtu = std::min(mtu, static_cast<ibv_mtu>(peer_mtu));
   ibv_qp_attr attr{};
   attr.qp_state = IBV_QPS_RTR;
@@ -599,9 +583,7 @@ PairRequest describe_standby(Protection& p) {
   request.standby_qpn = standby.qp->qp_num;
   request.standby_gid = standby.gid;
   request.standby_psn = standby.psn;
-  ibv_mtu mtu = e.devices[standby.device_index].ports[standby.port].active_mtu;
-  if (p.attrs.have_rtr && (p.attrs.rtr_mask & IBV_QP_PATH_MTU)) mtu = std::min(mtu, p.attrs.rtr.path_mtu);
-  request.path_mtu = static_cast<std::uint8_t>(mtu);
+  request.path_mtu = static_cast<std::uint8_t>(standby_mtu(p));
   // The registrations of the QP's device: the peer translates our rkeys with them.
   for (const auto& [mr, record] : e.mrs) {
     if (record->device != p.qp->path[kPrimary].device_index || record->shadow == nullptr) continue;
@@ -839,15 +821,21 @@ void start_pairing(Protection& p) {
 
 // ------------------------------------------------------------------ switching
 
+// Back to INIT on its port, ready to be connected again: the application's QP with the access
+// flags the application gave it, the standby with all of them.
+bool reset_path(Protection& p, int path) {
+  PhysicalPath& physical = p.qp->path[path];
+  const unsigned int access = path == kPrimary && (p.attrs.init_mask & IBV_QP_ACCESS_FLAGS)
+                                  ? p.attrs.init.qp_access_flags
+                                  : kFullAccess;
+  return to_reset_and_init(physical.qp, physical.port, access, path == kPrimary);
+}
+
 void post_switch_reset(Protection& p, int old_path) {
   VirtualQp& v = *p.qp;
   PhysicalPath& old = v.path[old_path];
   old.connected = false;
-  const unsigned int access = old_path == kPrimary && p.attrs.have_init &&
-                                      (p.attrs.init_mask & IBV_QP_ACCESS_FLAGS)
-                                  ? p.attrs.init.qp_access_flags
-                                  : kFullAccess;
-  if (!to_reset_and_init(old.qp, old.port, access, old_path == kPrimary)) {
+  if (!reset_path(p, old_path)) {
     VF_LOG_WARN("qp {}: resetting the {} QP for later re-use failed", v.vqpn, path_name(old_path));
   }
   p.rearm[old_path].needed = true;
@@ -1183,11 +1171,8 @@ void handle_rearm(const vf::Rearm& message) {
   if (v.active_path() == path || p->sw.in_progress) return;
   if (!port_active(physical.device_index, physical.port)) return;
   p->rearm[path].awaiting = false;
-  const unsigned int access = path == kPrimary && (p->attrs.init_mask & IBV_QP_ACCESS_FLAGS)
-                                  ? p->attrs.init.qp_access_flags
-                                  : kFullAccess;
   physical.psn = random_psn();
-  if (!to_reset_and_init(physical.qp, physical.port, access, path == kPrimary) ||
+  if (!reset_path(*p, path) ||
       !connect_path(*p, path, message.qpn, message.gid, message.psn)) {
     VF_LOG_WARN("qp {}: re-connecting the {} path failed", v.vqpn, path_name(path));
     return;
@@ -1208,11 +1193,8 @@ void maybe_rearm(Protection& p, int path) {
   if (p.local != p.remote && answers_rearm(p)) return;  // the peer asks; we answer
   const std::uint64_t now = monotonic_ns();
   if (rearm.awaiting && now < rearm.sent_ns + kRearmRetryNs) return;
-  const unsigned int access = path == kPrimary && (p.attrs.init_mask & IBV_QP_ACCESS_FLAGS)
-                                  ? p.attrs.init.qp_access_flags
-                                  : kFullAccess;
   v.path[path].psn = random_psn();
-  if (!to_reset_and_init(v.path[path].qp, physical.port, access, path == kPrimary)) return;
+  if (!reset_path(p, path)) return;
   if (p.local == p.remote) {
     // A QP connected to itself (NCCL's flush QP): both ends are this QP.
     if (connect_path(p, path, v.path[path].qp->qp_num, v.path[path].gid, v.path[path].psn)) {

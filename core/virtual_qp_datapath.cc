@@ -3,10 +3,10 @@
 // ring, then the provider's own call with the application's request (no copy of the request
 // is posted, no allocation, no syscall). During and after a switch, requests are posted from the
 // ring with the standby path's keys. The control side (pairing, switching) is failover_engine.cc.
-#include <time.h>
 
 #include <cstring>
 
+#include "core/clock.h"
 #include "core/log.h"
 #include "core/virtual_qp.h"
 
@@ -15,20 +15,9 @@ namespace {
 
 DatapathServices g_services;
 
-std::uint64_t realtime_ns() {
-  timespec ts{};
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull +
-         static_cast<std::uint64_t>(ts.tv_nsec);
-}
-
 bool uses_remote_key(ibv_wr_opcode opcode) {
   return opcode == IBV_WR_RDMA_WRITE || opcode == IBV_WR_RDMA_WRITE_WITH_IMM ||
          opcode == IBV_WR_RDMA_READ;
-}
-
-bool is_atomic_opcode(ibv_wr_opcode opcode) {
-  return opcode == IBV_WR_ATOMIC_CMP_AND_SWP || opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
 }
 
 }  // namespace
@@ -199,7 +188,7 @@ bool VirtualQp::post_one_send(const SendRecord& record, int p, bool* missing_key
   if (p == kStandby) {
     wr.wr_id = record.sequence;
     std::uint32_t* rkey = uses_remote_key(wr.opcode)       ? &wr.wr.rdma.rkey
-                          : is_atomic_opcode(wr.opcode) ? &wr.wr.atomic.rkey
+                          : record.is_atomic()          ? &wr.wr.atomic.rkey
                                                            : nullptr;
     if (rkey != nullptr && !g_services.translate_rkey(peer, *rkey, rkey)) {
       *missing_key = true;

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "core/log.h"
+#include "core/verbs_names.h"
 #include "shim/real_verbs.h"
 #include "shim/shim_state.h"
 
@@ -44,17 +45,6 @@ Monitor& monitor() {
   return *instance;
 }
 
-const char* state_name(ibv_port_state state) {
-  switch (state) {
-    case IBV_PORT_DOWN: return "DOWN";
-    case IBV_PORT_INIT: return "INIT";
-    case IBV_PORT_ARMED: return "ARMED";
-    case IBV_PORT_ACTIVE: return "ACTIVE";
-    case IBV_PORT_ACTIVE_DEFER: return "ACTIVE_DEFER";
-    default: return "NOP";
-  }
-}
-
 // The monitor's context was opened with the real ibv_open_device, so it is not patched: the
 // inline ibv_query_port goes straight to the provider.
 ibv_port_state query_state(ibv_context* context, std::uint8_t port) {
@@ -74,8 +64,8 @@ void on_port_event(WatchedDevice& watched, const ibv_async_event& event) {
   if (now == before) return;
   watched.state[port] = now;
   ++watched.changes[port];
-  VF_LOG_INFO("port {}/{} is {} (was {}; {})", watched.name, port, state_name(now),
-              state_name(before), real_verbs().ibv_event_type_str(event.event_type));
+  VF_LOG_INFO("port {}/{} is {} (was {}; {})", watched.name, port, port_state_name(now),
+              port_state_name(before), real_verbs().ibv_event_type_str(event.event_type));
 }
 
 void run_monitor() {

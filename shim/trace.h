@@ -12,19 +12,13 @@
 #include <type_traits>
 
 #include "core/backtrace.h"
+#include "core/clock.h"
 #include "core/log.h"
 #include "shim/shim_state.h"
 
 namespace vf::shim {
 
 using TraceBuffer = fmt::memory_buffer;
-
-inline std::uint64_t monotonic_ns() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull +
-         static_cast<std::uint64_t>(ts.tv_nsec);
-}
 
 template <typename R>
 void format_result(TraceBuffer& out, const R& result) {
