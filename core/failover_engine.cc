@@ -24,6 +24,7 @@
 #include "core/object_registry.h"
 #include "core/stats.h"
 #include "core/verbs_names.h"
+#include "core/virtual_srq.h"
 
 namespace vf {
 namespace {
@@ -38,6 +39,7 @@ constexpr std::uint64_t kRearmRetryNs = 5'000'000'000;
 constexpr int kMaxGidScan = 16;
 constexpr int kPairingRounds = 6;
 constexpr std::uint64_t kSwitchAnswerTimeoutNs = 10'000'000'000;
+constexpr std::uint64_t kSweepTimeoutNs = 2'000'000'000;
 constexpr std::uint8_t kStandbyRdAtomic = 16;
 
 const void* key_of(std::uint64_t value) { return reinterpret_cast<const void*>(value); }
@@ -173,6 +175,15 @@ struct Protection {
   std::uint32_t pending_event = UINT32_MAX;  // index of the event awaiting its resume time
 };
 
+// A shared receive queue and the protected QPs that take receives from it: they switch paths
+// together (docs/design.md §5i).
+struct SrqGroup {
+  std::unique_ptr<VirtualSrq> srq;
+  ibv_pd* pd = nullptr;
+  std::vector<VirtualQp*> members;
+  std::string pinned_reason;  // not empty: pass-through for good
+};
+
 struct ChannelState {
   ibv_comp_channel* app_channel = nullptr;
   ibv_comp_channel* shadow_channel = nullptr;
@@ -184,6 +195,7 @@ using VirtualQpRegistry = ObjectRegistry<VirtualQp, 1 << 16>;
 using QpnRegistry = ObjectRegistry<VirtualQp, 1 << 17>;
 using CqRegistry = ObjectRegistry<CqState, 1 << 14>;
 using KeyRegistry = ObjectRegistry<KeyTranslation, 1 << 17>;
+using SrqRegistry = ObjectRegistry<VirtualSrq, 1 << 12>;
 
 struct Engine {
   std::mutex mutex;
@@ -208,6 +220,7 @@ struct Engine {
   // alone touches the network, which may block).
   std::vector<std::pair<VirtualQp*, ControlMessage>> outbox;
   std::map<ibv_cq*, std::unique_ptr<CqState>> cqs;
+  std::map<ibv_srq*, SrqGroup> srqs;
   std::map<ibv_comp_channel*, ChannelState> channels;
   std::vector<std::pair<std::uint64_t, ControlMessage>> local_inbox;  // (unused token, message)
   std::uint64_t next_stats_ns = 0;
@@ -228,6 +241,10 @@ QpnRegistry& qps_by_qpn() {
 }
 CqRegistry& cqs_by_address() {
   static auto* registry = new CqRegistry;
+  return *registry;
+}
+SrqRegistry& srqs_by_address() {
+  static auto* registry = new SrqRegistry;
   return *registry;
 }
 KeyRegistry& lkeys() {
@@ -464,47 +481,74 @@ ibv_mtu standby_mtu(const Protection& p) {
   if (p.attrs.have_rtr && (p.attrs.rtr_mask & IBV_QP_PATH_MTU)) mtu = std::min(mtu, p.attrs.rtr.path_mtu);
   return mtu;
 }
+// RTR then RTS for one of the engine's own QPs (RoCE/IB with a GRH). 0 or the provider's errno;
+// *step names the state that failed.
+struct EngineQpLink {
+  ibv_mtu mtu = IBV_MTU_1024;
+  std::uint32_t dest_qpn = 0;
+  std::uint32_t rq_psn = 0;
+  std::uint32_t sq_psn = 0;
+  Gid dest_gid{};
+  int sgid_index = 0;
+  std::uint8_t port = 1;
+  std::uint8_t rd_atomic = 1;
+  std::uint8_t timeout = 14;
+  std::uint8_t rnr_retry = 7;
+};
+int connect_engine_qp(ibv_qp* qp, const EngineQpLink& link, const char** step) {
+  Engine& e = engine();
+  ibv_qp_attr attr{};
+  attr.qp_state = IBV_QPS_RTR;
+  attr.path_mtu = link.mtu;
+  attr.dest_qp_num = link.dest_qpn;
+  attr.rq_psn = link.rq_psn;
+  attr.max_dest_rd_atomic = link.rd_atomic;
+  attr.min_rnr_timer = 1;
+  attr.ah_attr.is_global = 1;
+  attr.ah_attr.grh.dgid = to_ibv_gid(link.dest_gid);
+  attr.ah_attr.grh.sgid_index = static_cast<std::uint8_t>(link.sgid_index);
+  attr.ah_attr.grh.hop_limit = 64;
+  attr.ah_attr.port_num = link.port;
+  *step = "RTR";
+  int result = e.verbs.modify_qp(qp, &attr,
+                                 IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                     IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+                                     IBV_QP_MIN_RNR_TIMER);
+  if (result != 0) return result;
+  attr = {};
+  attr.qp_state = IBV_QPS_RTS;
+  attr.sq_psn = link.sq_psn;
+  attr.timeout = link.timeout;
+  attr.retry_cnt = 7;
+  attr.rnr_retry = link.rnr_retry;
+  attr.max_rd_atomic = link.rd_atomic;
+  *step = "RTS";
+  return e.verbs.modify_qp(qp, &attr,
+                           IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                               IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC);
+}
+
 // Connects the standby QP to the peer's standby (RTR then RTS).
 bool connect_standby(Protection& p, std::uint32_t dest_qpn, const Gid& dest_gid,
                      std::uint32_t dest_psn, std::uint8_t peer_mtu) {
   Engine& e = engine();
   PhysicalPath& standby = p.qp->path[kStandby];
   const Device& device = e.devices[standby.device_index];
-  ibv_mtu mtu = standby_mtu(p);
-  if (peer_mtu != 0) mtu = std::min(mtu, static_cast<ibv_mtu>(peer_mtu));
-  ibv_qp_attr attr{};
-  attr.qp_state = IBV_QPS_RTR;
-  attr.path_mtu = mtu;
-  attr.dest_qp_num = dest_qpn;
-  attr.rq_psn = dest_psn;
-  attr.max_dest_rd_atomic = static_cast<std::uint8_t>(std::min<int>(kStandbyRdAtomic, device.max_qp_rd_atom));
-  attr.min_rnr_timer = 1;
-  attr.ah_attr.is_global = 1;
-  attr.ah_attr.grh.dgid = to_ibv_gid(dest_gid);
-  attr.ah_attr.grh.sgid_index = static_cast<std::uint8_t>(standby.gid_index);
-  attr.ah_attr.grh.hop_limit = 64;
-  attr.ah_attr.port_num = standby.port;
-  int result = e.verbs.modify_qp(standby.qp, &attr,
-                                 IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                     IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
-                                     IBV_QP_MIN_RNR_TIMER);
+  EngineQpLink link;
+  link.mtu = standby_mtu(p);
+  if (peer_mtu != 0) link.mtu = std::min(link.mtu, static_cast<ibv_mtu>(peer_mtu));
+  link.dest_qpn = dest_qpn;
+  link.rq_psn = dest_psn;
+  link.sq_psn = standby.psn;
+  link.dest_gid = dest_gid;
+  link.sgid_index = standby.gid_index;
+  link.port = standby.port;
+  link.rd_atomic = static_cast<std::uint8_t>(std::min<int>(kStandbyRdAtomic, device.max_qp_rd_atom));
+  link.timeout = e.config.qp_timeout;
+  const char* step = "";
+  const int result = connect_engine_qp(standby.qp, link, &step);
   if (result != 0) {
-    VF_LOG_WARN("qp {}: standby qp {} to RTR failed ({})", p.qp->vqpn, standby.qp->qp_num,
-                strerror(result));
-    return false;
-  }
-  attr = {};
-  attr.qp_state = IBV_QPS_RTS;
-  attr.sq_psn = standby.psn;
-  attr.timeout = e.config.qp_timeout;
-  attr.retry_cnt = 7;
-  attr.rnr_retry = 7;
-  attr.max_rd_atomic = static_cast<std::uint8_t>(std::min<int>(kStandbyRdAtomic, device.max_qp_rd_atom));
-  result = e.verbs.modify_qp(standby.qp, &attr,
-                             IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-                                 IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC);
-  if (result != 0) {
-    VF_LOG_WARN("qp {}: standby qp {} to RTS failed ({})", p.qp->vqpn, standby.qp->qp_num,
+    VF_LOG_WARN("qp {}: standby qp {} to {} failed ({})", p.qp->vqpn, standby.qp->qp_num, step,
                 strerror(result));
     return false;
   }
@@ -1039,6 +1083,206 @@ void abort_switch(Protection& p, const char* why) {
   set_unprotected(p, fmt::format("a switch failed ({})", why));
 }
 
+// ------------------------------------------------------------------ shared receive queues
+
+SrqGroup* group_of(const VirtualQp& v) {
+  if (v.srq == nullptr) return nullptr;
+  auto it = engine().srqs.find(v.srq->app_srq);
+  return it == engine().srqs.end() ? nullptr : &it->second;
+}
+
+// Empties a path's SRQ of the receives that moved away from it (an SRQ is never flushed, and a
+// receive left there would be handed out a second time): a loopback pair of the engine's QPs,
+// one attached to that SRQ, sends zero-length messages into it until the responder has no
+// receive left (an RNR with no retry). Zero-length messages write nothing into the buffers.
+bool sweep_srq(SrqGroup& g, int path) {
+  Engine& e = engine();
+  VirtualSrq& srq = *g.srq;
+  ibv_srq* target = path == kPrimary ? srq.app_srq : srq.shadow;
+  const int device = path == kPrimary ? srq.device_index : srq.shadow_device_index;
+  if (target == nullptr || device < 0 || g.members.empty()) return false;
+  const std::uint8_t port = g.members.front()->path[path].port;
+  ibv_pd* pd = target->pd;
+  ibv_context* context = target->context;
+  const ibv_context_ops* ops = e.verbs.provider_ops(context);
+  ibv_cq* cq = e.verbs.create_cq(context, 64, nullptr, nullptr, 0);
+  if (cq == nullptr) return false;
+  ibv_qp_init_attr init{};
+  init.send_cq = cq;
+  init.recv_cq = cq;
+  init.qp_type = IBV_QPT_RC;
+  init.cap.max_send_wr = 16;
+  init.cap.max_recv_wr = 1;
+  init.cap.max_send_sge = 1;
+  init.cap.max_recv_sge = 1;
+  ibv_qp* sender = e.verbs.create_qp(pd, &init);
+  init.srq = target;
+  init.cap.max_recv_wr = 0;
+  init.cap.max_recv_sge = 0;
+  ibv_qp* receiver = sender != nullptr ? e.verbs.create_qp(pd, &init) : nullptr;
+  Gid gid{};
+  const int gid_index = standby_gid_index(device, port, &gid);
+  auto connect = [&](ibv_qp* qp, std::uint32_t dest) {
+    if (!to_reset_and_init(qp, port, kFullAccess, false)) return false;
+    EngineQpLink link;
+    link.dest_qpn = dest;
+    link.dest_gid = gid;
+    link.sgid_index = gid_index;
+    link.port = port;
+    link.timeout = 10;
+    link.rnr_retry = 0;  // the first RNR ends the sweep: the SRQ is empty
+    const char* step = "";
+    return connect_engine_qp(qp, link, &step) == 0;
+  };
+  bool empty = false;
+  std::uint64_t swept = 0;
+  const char* failure = "its loopback QPs could not be created or connected";
+  if (receiver != nullptr && connect(sender, receiver->qp_num) && connect(receiver, sender->qp_num)) {
+    failure = nullptr;
+    const std::uint64_t deadline = monotonic_ns() + kSweepTimeoutNs;
+    const std::uint64_t bound = static_cast<std::uint64_t>(srq.max_wr) * VirtualSrq::kSlack + 64;
+    while (!empty && failure == nullptr && swept <= bound) {
+      constexpr int kBatch = 16;
+      int posted = 0;
+      for (; posted < kBatch; ++posted) {
+        ibv_send_wr wr{};
+        ibv_send_wr* bad = nullptr;
+        wr.wr_id = static_cast<std::uint64_t>(posted);
+        wr.opcode = IBV_WR_SEND;
+        wr.send_flags = IBV_SEND_SIGNALED;
+        if (ops->post_send(sender, &wr, &bad) != 0) break;
+      }
+      if (posted == 0) {
+        failure = "posting to its loopback QP failed";
+        break;
+      }
+      int completed = 0;
+      while (completed < posted && failure == nullptr) {
+        ibv_wc wc[16];
+        const int n = ops->poll_cq(cq, 16, wc);
+        if (n < 0) failure = "polling its loopback CQ failed";
+        for (int i = 0; i < n; ++i) {
+          if (wc[i].qp_num != sender->qp_num) continue;  // a swept receive: nobody's now
+          ++completed;
+          if (wc[i].status == IBV_WC_SUCCESS) {
+            ++swept;
+          } else if (wc[i].status == IBV_WC_RNR_RETRY_EXC_ERR) {
+            empty = true;
+          } else if (!empty && wc[i].status != IBV_WC_WR_FLUSH_ERR) {
+            failure = "its loopback send failed";
+          }
+        }
+        if (monotonic_ns() > deadline) failure = "it did not finish within 2 s";
+      }
+    }
+    if (!empty && failure == nullptr) failure = "it held more receives than it can";
+  }
+  if (receiver != nullptr) e.verbs.destroy_qp(receiver);
+  if (sender != nullptr) e.verbs.destroy_qp(sender);
+  e.verbs.destroy_cq(cq);
+  if (failure != nullptr) {
+    VF_LOG_ERROR("srq {:#x}: sweeping the {} SRQ failed ({}); receives are not moved there",
+                 srq.app_srq->handle, path_name(path), failure);
+    return false;
+  }
+  srq.may_hold_stale[path] = false;
+  VF_LOG_INFO("srq {:#x}: swept {} receive(s) left on the {} SRQ by an earlier move",
+              srq.app_srq->handle, swept, path_name(path));
+  return true;
+}
+
+bool srq_member_in_use(const Protection& q) {
+  return !q.destroyed && !q.qp->application_failed.load() && q.qp->mode() != PostMode::kBypass;
+}
+
+// A QP of a moving SRQ that cannot move with it: its receives leave, so it fails as it would
+// have without the shim (its old QP to ERR, its held errors to the application).
+void give_up_member(Protection& q, const char* why) {
+  VirtualQp& v = *q.qp;
+  to_error(v.path[v.active_path()].qp, v.active_path() == kPrimary);
+  release_held_errors(q);
+  v.lock().lock();
+  v.set_mode(PostMode::kBypass);
+  v.lock().unlock();
+  set_unprotected(q, fmt::format("its shared receive queue moved without it ({})", why));
+}
+
+void answer_failover(Protection& p, std::uint64_t delivered);
+
+// Switches every QP of an SRQ to `target` and moves the SRQ's unconsumed receives there.
+// `passive`: the member whose peer asked for the switch (it answers with the peer's epoch).
+void switch_srq_group(SrqGroup& g, int target, FailoverReason reason, Protection* passive,
+                      std::uint32_t passive_epoch, std::uint64_t passive_delivered) {
+  Engine& e = engine();
+  VirtualSrq& srq = *g.srq;
+  std::vector<Protection*> movers, blocked;
+  for (VirtualQp* member : g.members) {
+    auto it = e.protections.find(member);
+    if (it == e.protections.end()) continue;
+    Protection& q = it->second;
+    if (&q == passive) {
+      movers.push_back(&q);
+      continue;
+    }
+    if (!srq_member_in_use(q) || q.sw.in_progress || q.qp->active_path() == target) continue;
+    (can_switch_to(q, target) ? movers : blocked).push_back(&q);
+  }
+  if (movers.empty()) return;
+  if (reason == FailoverReason::kFailback && !blocked.empty()) {
+    VF_LOG_DEBUG("srq {:#x}: failback waits for {} more QP(s) to be re-connected",
+                 srq.app_srq->handle, blocked.size());
+    return;
+  }
+  const int from = srq.active_path();
+  if (from != target && srq.may_hold_stale[target] && !sweep_srq(g, target)) {
+    if (reason == FailoverReason::kFailback) return;
+    for (Protection* q : movers) give_up_member(*q, "the other path's SRQ could not be swept");
+    return;
+  }
+  srq.set_holding(true);
+  for (Protection* q : blocked) give_up_member(*q, "no usable standby path of its own");
+  for (Protection* q : movers) {
+    if (q == passive) {
+      begin_switch(*q, target, reason == FailoverReason::kFailback ? reason
+                                                                  : FailoverReason::kPeerRequest,
+                   passive_epoch, false);
+    } else {
+      // Moved along with the QP whose peer asked: for its own peer, a request of ours.
+      const bool along = passive != nullptr && reason != FailoverReason::kFailback;
+      begin_switch(*q, target, along ? FailoverReason::kPeerRequest : reason, q->epoch + 1, true);
+    }
+  }
+  // Every QP of the SRQ is off the old path and its completions are in: what the record still
+  // holds was consumed by nobody.
+  const int moved = srq.move_to(target);
+  if (from != target) srq.may_hold_stale[from] = true;
+  if (moved < 0) {
+    VF_LOG_ERROR("srq {:#x}: not every receive could be posted on the {} SRQ", srq.app_srq->handle,
+                 path_name(target));
+  } else {
+    VF_LOG_INFO("srq {:#x}: {} receive(s) moved {} -> {} with {} QP(s)", srq.app_srq->handle,
+                moved, path_name(from), path_name(target), movers.size());
+  }
+  for (Protection* q : movers) {
+    if (q == passive) {
+      answer_failover(*q, passive_delivered);
+      continue;
+    }
+    FailoverRequest request;
+    request.local = q->local;
+    request.remote = q->remote;
+    request.delivered_messages = q->sw.local_count;
+    request.reason = static_cast<std::uint32_t>(reason);
+    request.epoch = q->sw.epoch;
+    request.target_path = static_cast<std::uint8_t>(target);
+    if (!send_to_peer(*q, request)) {
+      abort_switch(*q, "the peer's shim cannot be reached");
+    } else if (q->sw.peer_known) {
+      finish_switch(*q);
+    }
+  }
+}
+
 void start_switch(Protection& p, int target, FailoverReason reason) {
   VirtualQp& v = *p.qp;
   if (p.sw.in_progress || v.active_path() == target) return;
@@ -1053,6 +1297,7 @@ void start_switch(Protection& p, int target, FailoverReason reason) {
     }
     return;
   }
+  if (SrqGroup* group = group_of(v)) return switch_srq_group(*group, target, reason, nullptr, 0, 0);
   begin_switch(p, target, reason, p.epoch + 1, true);
   FailoverRequest request;
   request.local = p.local;
@@ -1088,19 +1333,28 @@ void handle_failover(const QpKey& ours, std::uint64_t delivered, std::uint32_t e
     return;
   }
   // The peer switches: so do we, whatever our ports say (its side of the path failed).
+  if (SrqGroup* group = group_of(*p->qp)) {
+    return switch_srq_group(*group, target, reason, p, epoch, delivered);
+  }
   begin_switch(*p, target, reason == FailoverReason::kFailback ? reason
                                                                 : FailoverReason::kPeerRequest,
                epoch, false);
+  answer_failover(*p, delivered);
+}
+
+// The passive side, its half begun: the peer's count is known, ours goes back, replay.
+void answer_failover(Protection& p, std::uint64_t delivered) {
+  SwitchState& sw = p.sw;
   sw.peer_known = true;
   sw.peer_count = delivered;
   FailoverReply reply;
-  reply.local = p->local;
-  reply.remote = p->remote;
+  reply.local = p.local;
+  reply.remote = p.remote;
   reply.delivered_messages = sw.local_count;
-  reply.epoch = epoch;
-  reply.target_path = target;
-  send_to_peer(*p, reply);
-  finish_switch(*p);
+  reply.epoch = sw.epoch;
+  reply.target_path = static_cast<std::uint8_t>(sw.to);
+  send_to_peer(p, reply);
+  finish_switch(p);
 }
 
 // ------------------------------------------------------------------ re-arming a path
@@ -1228,7 +1482,9 @@ void on_port_change(int device, std::uint8_t port, ibv_port_state state) {
         v.path[path].failed = true;
         if (v.active_path() == path && !p.sw.in_progress) {
           start_switch(p, other_path(path), FailoverReason::kPortDown);
-        } else if (p.paired && v.active_path() != path) {
+        }
+        // Whether it just moved (alone, or with its SRQ) or had moved before: one path left.
+        if (p.paired && v.active_path() != path) {
           set_unprotected(p, fmt::format("its {} path's port {}/{} is down; running on the {} "
                                          "path alone",
                                          path_name(path), e.devices[device].name, port,
@@ -1745,13 +2001,122 @@ bool ensure_shadow(CqState& state, int backup_device) {
   return true;
 }
 
+// The shadow of a shared receive queue on the backup device (same depth and SGEs).
+bool ensure_shadow_srq(SrqGroup& g, int backup_device) {
+  Engine& e = engine();
+  VirtualSrq& srq = *g.srq;
+  if (srq.shadow != nullptr) return srq.shadow_device_index == backup_device;
+  ShadowPd* pd = shadow_pd_for(g.pd, backup_device);
+  if (pd == nullptr) return false;
+  ibv_srq_init_attr init{};
+  init.attr.max_wr = srq.max_wr;
+  init.attr.max_sge = srq.max_sge;
+  ibv_srq* shadow = e.verbs.create_srq(pd->shadow, &init);
+  if (shadow == nullptr) {
+    VF_LOG_WARN("srq {:#x}: creating its shadow on {} failed ({})", srq.app_srq->handle,
+                e.devices[backup_device].name, strerror(errno));
+    return false;
+  }
+  srq.shadow = shadow;
+  srq.shadow_device_index = backup_device;
+  return true;
+}
+
+// A QP the shim cannot protect takes receives from this SRQ: its record would miss what that QP
+// consumes, so the SRQ runs pass-through from now on, and so do its QPs.
+void pin_srq_group(SrqGroup& g, const std::string& why) {
+  if (!g.pinned_reason.empty()) return;
+  Engine& e = engine();
+  if (g.srq->active_path() != kPrimary) {
+    VF_LOG_ERROR("srq {:#x}: {} while its receives are on the standby SRQ; that QP gets none "
+                 "until they move back",
+                 g.srq->app_srq->handle, why);
+    return;
+  }
+  g.pinned_reason = why;
+  g.srq->pin_to_primary();
+  VF_LOG_WARN("srq {:#x}: unprotected from now on — {}", g.srq->app_srq->handle, why);
+  for (VirtualQp* member : g.members) {
+    auto it = e.protections.find(member);
+    if (it == e.protections.end() || it->second.destroyed) continue;
+    member->lock().lock();
+    if (!it->second.sw.in_progress) member->set_mode(PostMode::kBypass);
+    member->lock().unlock();
+    it->second.pairing = false;
+    it->second.paired = false;
+    set_unprotected(it->second, fmt::format("its shared receive queue is unprotected ({})", why));
+  }
+}
+
 }  // namespace
+
+void FailoverEngine::on_srq_created(ibv_srq* srq, ibv_pd* pd) {
+  Engine& e = engine();
+  std::lock_guard lock(e.mutex);
+  if (!running() || srq == nullptr || e.srqs.count(srq) != 0) return;
+  const int device = device_of_context(srq->context);
+  if (device < 0 || e.devices[device].ports[1].backup_device < 0) {
+    VF_LOG_INFO("srq {:#x}: not protected — its device has no backup", srq->handle);
+    return;
+  }
+  ibv_srq_attr attr{};
+  if (e.verbs.query_srq(srq, &attr) != 0) {
+    VF_LOG_WARN("srq {:#x}: not protected — ibv_query_srq failed", srq->handle);
+    return;
+  }
+  if (attr.max_sge > VirtualSrq::kMaxSge) {
+    VF_LOG_WARN("srq {:#x}: not protected — {} SGEs per receive (the shim keeps up to {})",
+                srq->handle, attr.max_sge, VirtualSrq::kMaxSge);
+    return;
+  }
+  SrqGroup& g = e.srqs[srq];
+  g.pd = pd;
+  g.srq = std::make_unique<VirtualSrq>(srq, e.verbs.provider_ops(srq->context), attr.max_wr,
+                                       attr.max_sge, device);
+  srqs_by_address().insert(srq, g.srq.get());
+}
+
+void FailoverEngine::on_srq_modified(ibv_srq* srq, ibv_srq_attr* attr, int mask) {
+  Engine& e = engine();
+  std::lock_guard lock(e.mutex);
+  auto it = e.srqs.find(srq);
+  if (it == e.srqs.end() || it->second.srq->shadow == nullptr || !(mask & IBV_SRQ_MAX_WR)) return;
+  // The shadow must hold as many receives as the application's.
+  ibv_srq_attr resize{};
+  resize.max_wr = attr->max_wr;
+  if (e.verbs.modify_srq(it->second.srq->shadow, &resize, IBV_SRQ_MAX_WR) != 0) {
+    VF_LOG_WARN("srq {:#x}: resizing its shadow to {} failed", srq->handle, attr->max_wr);
+  }
+}
+
+void FailoverEngine::on_srq_destroyed(ibv_srq* srq) {
+  Engine& e = engine();
+  std::lock_guard lock(e.mutex);
+  auto it = e.srqs.find(srq);
+  if (it == e.srqs.end()) return;
+  srqs_by_address().erase(srq);
+  if (it->second.srq->shadow != nullptr) e.verbs.destroy_srq(it->second.srq->shadow);
+  // A poster that found the record before the erase is done with it once it lets go of it.
+  it->second.srq->lock().lock();
+  it->second.srq->lock().unlock();
+  e.srqs.erase(it);
+}
+
+VirtualSrq* FailoverEngine::virtual_srq(const ibv_srq* srq) const {
+  return srqs_by_address().find(srq);
+}
 
 void FailoverEngine::on_qp_created(ibv_qp* qp, const ibv_qp_init_attr_ex& attr) {
   Engine& e = engine();
   std::lock_guard lock(e.mutex);
   if (!running() || qp == nullptr) return;
+  SrqGroup* group = nullptr;
+  if (attr.srq != nullptr) {
+    auto it = e.srqs.find(attr.srq);
+    if (it != e.srqs.end()) group = &it->second;
+  }
   auto pass_through = [&](std::string reason, bool info) {
+    if (group != nullptr) pin_srq_group(*group, fmt::format("qp {} on it {}", qp->qp_num, reason));
     if (info) {
       VF_LOG_INFO("qp {}: not protected — {}", qp->qp_num, reason);
     } else {
@@ -1764,7 +2129,14 @@ void FailoverEngine::on_qp_created(ibv_qp* qp, const ibv_qp_init_attr_ex& attr) 
                                     static_cast<int>(attr.qp_type)),
                         true);
   }
-  if (attr.srq != nullptr) return pass_through("QPs on a shared receive queue are not protected yet", false);
+  if (attr.srq != nullptr && group == nullptr) {
+    return pass_through("its shared receive queue is not protected (see the SRQ's log line)", false);
+  }
+  if (group != nullptr && !group->pinned_reason.empty()) {
+    return pass_through(fmt::format("its shared receive queue is not protected: {}",
+                                    group->pinned_reason),
+                        false);
+  }
   const int device = device_of_context(qp->context);
   if (device < 0) return pass_through("its device is unknown to the engine", false);
   const Device& d = e.devices[device];
@@ -1793,6 +2165,14 @@ void FailoverEngine::on_qp_created(ibv_qp* qp, const ibv_qp_init_attr_ex& attr) 
   standby_attr.qp_type = IBV_QPT_RC;
   standby_attr.sq_sig_all = attr.sq_sig_all;
   standby_attr.cap = cap;
+  if (group != nullptr) {
+    if (!ensure_shadow_srq(*group, backup)) {
+      return pass_through("no shadow of its shared receive queue on the backup device", false);
+    }
+    standby_attr.srq = group->srq->shadow;
+    standby_attr.cap.max_recv_wr = 0;
+    standby_attr.cap.max_recv_sge = 0;
+  }
   ibv_qp* standby = e.verbs.create_qp(pd->shadow, &standby_attr);
   if (standby == nullptr) {
     return pass_through(fmt::format("creating its standby QP on {} failed ({})",
@@ -1813,6 +2193,10 @@ void FailoverEngine::on_qp_created(ibv_qp* qp, const ibv_qp_init_attr_ex& attr) 
   if (!to_reset_and_init(standby, v->path[kStandby].port, kFullAccess, false)) {
     e.verbs.destroy_qp(standby);
     return pass_through("its standby QP does not reach INIT", false);
+  }
+  if (group != nullptr) {
+    v->srq = group->srq.get();
+    group->members.push_back(v);
   }
   Protection& p = e.protections[v];
   p.qp = std::move(virtual_qp);
@@ -1927,6 +2311,7 @@ void FailoverEngine::on_qp_destroy(ibv_qp* qp) {
   if (v == nullptr) return;
   auto it = e.protections.find(v);
   if (it == e.protections.end()) return;
+  if (SrqGroup* group = group_of(*v)) std::erase(group->members, v);
   qps_by_address().erase(qp);
   qps_by_qpn().erase(key_of(qpn_key(v->path[kPrimary].device_index, qp->qp_num)));
   if (v->path[kStandby].qp != nullptr) {
@@ -2024,6 +2409,13 @@ bool FailoverEngine::hide_async_event(ibv_context* context, const ibv_async_even
       v->counters.hidden_async_events.fetch_add(1);
       if (!switching_or_moved) v->link_error_seen.store(true);
       wake_engine();
+      return true;
+    }
+    case IBV_EVENT_QP_LAST_WQE_REACHED: {
+      // An SRQ's QP reports it when it enters ERR: the shim's doing during a switch.
+      VirtualQp* v = virtual_qp(event.element.qp);
+      if (v == nullptr || v->srq == nullptr || v->application_failed.load()) return false;
+      v->counters.hidden_async_events.fetch_add(1);
       return true;
     }
     case IBV_EVENT_CQ_ERR: {

@@ -14,6 +14,7 @@
 #include "core/config.h"
 #include "core/verbs_api.h"
 #include "core/virtual_qp.h"
+#include "core/virtual_srq.h"
 
 namespace vf {
 
@@ -31,6 +32,10 @@ class FailoverEngine {
   // Before the provider destroys the CQ (its shadow goes first).
   void on_cq_destroy(ibv_cq* cq);
   void on_pd_destroy(ibv_pd* pd);
+  // A basic SRQ the application created (its QPs are protected with it), resized, destroyed.
+  void on_srq_created(ibv_srq* srq, ibv_pd* pd);
+  void on_srq_modified(ibv_srq* srq, ibv_srq_attr* attr, int mask);
+  void on_srq_destroyed(ibv_srq* srq);  // after the provider destroyed it
   void on_qp_created(ibv_qp* qp, const ibv_qp_init_attr_ex& attr);
   // The whole ibv_modify_qp of a QP: adjusts what the primary needs (a shorter transport
   // timeout), calls `real`, and follows the QP's life (INIT, RTR: pairing starts; ERR: the
@@ -50,6 +55,7 @@ class FailoverEngine {
   // Data-path lookups (lock-free).
   VirtualQp* virtual_qp(const ibv_qp* qp) const;
   CqState* cq_state(const ibv_cq* cq) const;
+  VirtualSrq* virtual_srq(const ibv_srq* srq) const;
 
   // ibv_get_cq_event on a channel with shadow CQs: waits on both, returns like the real one.
   // Returns -2 when the channel is not the engine's business (the caller uses the real verb).

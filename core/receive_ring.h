@@ -54,6 +54,8 @@ class ReceiveRing {
     }
   }
   std::uint64_t delivered_messages() const { return delivered_; }
+  // A message consumed a receive of the QP's shared receive queue (which keeps that receive).
+  void note_delivered() { ++delivered_; }
   std::uint32_t pending() const { return static_cast<std::uint32_t>(tail_ - head_); }
 
   // The pending receives, oldest first, to post again on the standby path.

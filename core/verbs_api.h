@@ -31,6 +31,10 @@ struct VerbsApi {
   int (*modify_qp)(ibv_qp* qp, ibv_qp_attr* attr, int mask) = nullptr;
   int (*destroy_qp)(ibv_qp* qp) = nullptr;
   int (*query_qp)(ibv_qp* qp, ibv_qp_attr* attr, int mask, ibv_qp_init_attr* init) = nullptr;
+  ibv_srq* (*create_srq)(ibv_pd* pd, ibv_srq_init_attr* attr) = nullptr;
+  int (*modify_srq)(ibv_srq* srq, ibv_srq_attr* attr, int mask) = nullptr;
+  int (*query_srq)(ibv_srq* srq, ibv_srq_attr* attr) = nullptr;
+  int (*destroy_srq)(ibv_srq* srq) = nullptr;
   int (*get_async_event)(ibv_context* context, ibv_async_event* event) = nullptr;
   void (*ack_async_event)(ibv_async_event* event) = nullptr;
   const char* (*event_type_str)(ibv_event_type event) = nullptr;

@@ -22,6 +22,7 @@
 namespace vf {
 
 class VirtualQp;
+class VirtualSrq;
 
 inline constexpr int kPathCount = 2;
 // Standby receives carry their ring position with this bit set, standby sends their ring
@@ -218,6 +219,9 @@ class VirtualQp {
   const bool sig_all;
   CqState* const send_cq;
   CqState* const recv_cq;
+  // The shared receive queue the QP takes its receives from (its group switches together), or
+  // nullptr. Set by the engine before the QP is published.
+  VirtualSrq* srq = nullptr;
   PhysicalPath path[kPathCount];
   std::uint64_t peer = 0;  // the engine's id of the peer's translation table
   PathCounters counters;
@@ -251,6 +255,11 @@ class VirtualQp {
   WrBatch batch_;
   std::vector<HeldError> held_errors_;  // capacity fixed at creation: no allocation on the path
 };
+
+// A recorded request's SGEs as `path` needs them: on the standby, each lkey becomes the backup
+// device's (primary_device: where the application registered them). False: *missing has none.
+bool sges_for_path(int path, int primary_device, const ibv_sge* recorded, std::uint32_t count,
+                   ibv_sge* out, std::uint32_t* missing);
 
 // A wc status that says the link (not the application) failed.
 bool is_link_failure(ibv_wc_status status);

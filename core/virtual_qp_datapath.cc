@@ -9,6 +9,7 @@
 #include "core/clock.h"
 #include "core/log.h"
 #include "core/virtual_qp.h"
+#include "core/virtual_srq.h"
 
 namespace vf {
 namespace {
@@ -24,6 +25,18 @@ bool uses_remote_key(ibv_wr_opcode opcode) {
 
 void set_datapath_services(const DatapathServices& services) { g_services = services; }
 const DatapathServices& datapath_services() { return g_services; }
+
+bool sges_for_path(int p, int primary_device, const ibv_sge* recorded, std::uint32_t count,
+                   ibv_sge* out, std::uint32_t* missing) {
+  for (std::uint32_t i = 0; i < count; ++i) {
+    out[i] = recorded[i];
+    if (p == kStandby && !g_services.translate_lkey(primary_device, recorded[i].lkey, &out[i].lkey)) {
+      *missing = recorded[i].lkey;
+      return false;
+    }
+  }
+  return true;
+}
 
 bool is_link_failure(ibv_wc_status status) {
   switch (status) {
@@ -98,6 +111,8 @@ int VirtualQp::post_send(ibv_send_wr* wr, ibv_send_wr** bad_wr) {
 }
 
 int VirtualQp::post_recv(ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
+  // On an SRQ the provider refuses it, as without the shim.
+  if (__builtin_expect(srq != nullptr, 0)) return provider->post_recv(app_qp, wr, bad_wr);
   lock_.lock();
   if (__builtin_expect(mode_ != PostMode::kDirect, 0)) {
     if (mode_ == PostMode::kBypass) {
@@ -171,16 +186,13 @@ bool VirtualQp::post_one_send(const SendRecord& record, int p, bool* missing_key
     sges[0].lkey = 0;
     wr.num_sge = record.inline_length > 0 ? 1 : 0;
   } else {
-    const ibv_sge* recorded = send_ring_.sges(record);
-    for (std::uint32_t i = 0; i < record.num_sge; ++i) {
-      sges[i] = recorded[i];
-      if (p == kStandby && !g_services.translate_lkey(path[kPrimary].device_index, recorded[i].lkey,
-                                                       &sges[i].lkey)) {
-        VF_LOG_ERROR("qp {}: lkey {:#x} has no registration on the standby device; request "
-                     "wr_id={:#x} cannot be posted there",
-                     vqpn, recorded[i].lkey, record.wr.wr_id);
-        return false;
-      }
+    std::uint32_t missing = 0;
+    if (!sges_for_path(p, path[kPrimary].device_index, send_ring_.sges(record), record.num_sge,
+                       sges, &missing)) {
+      VF_LOG_ERROR("qp {}: lkey {:#x} has no registration on the standby device; request "
+                   "wr_id={:#x} cannot be posted there",
+                   vqpn, missing, record.wr.wr_id);
+      return false;
     }
     wr.num_sge = static_cast<int>(record.num_sge);
   }
@@ -212,15 +224,11 @@ bool VirtualQp::post_one_recv(std::uint64_t position, const ReceiveRecord& recor
                               const ibv_sge* recorded, int p) {
   ibv_sge sges[ReceiveRing::kMaxSge];
   const PhysicalPath& target = path[p];
-  for (std::uint32_t i = 0; i < record.num_sge; ++i) {
-    sges[i] = recorded[i];
-    if (p == kStandby &&
-        !g_services.translate_lkey(path[kPrimary].device_index, recorded[i].lkey,
-                                   &sges[i].lkey)) {
-      VF_LOG_ERROR("qp {}: receive lkey {:#x} has no registration on the standby device", vqpn,
-                   recorded[i].lkey);
-      return false;
-    }
+  std::uint32_t missing = 0;
+  if (!sges_for_path(p, path[kPrimary].device_index, recorded, record.num_sge, sges, &missing)) {
+    VF_LOG_ERROR("qp {}: receive lkey {:#x} has no registration on the standby device", vqpn,
+                 missing);
+    return false;
   }
   ibv_recv_wr wr{};
   wr.wr_id = p == kStandby ? (position | kStandbyReceiveTag) : record.wr_id;
@@ -270,7 +278,12 @@ bool VirtualQp::post_pending(bool sends) {
 // An error completion of the standby path as the application must see it: its QPN, its wr_id.
 void VirtualQp::translate_standby_error(ibv_wc& wc) {
   wc.qp_num = vqpn;
-  if (wc.wr_id & kStandbyReceiveTag) {
+  if ((wc.wr_id & kStandbyReceiveTag) && srq != nullptr) {
+    std::uint64_t wr_id = 0;
+    srq->lock().lock();
+    if (srq->application_wr_id(wc.wr_id, &wr_id)) wc.wr_id = wr_id;
+    srq->lock().unlock();
+  } else if (wc.wr_id & kStandbyReceiveTag) {
     if (const ReceiveRecord* record = recv_ring_.at(wc.wr_id & ~kStandbyReceiveTag)) {
       wc.wr_id = record->wr_id;
     }
@@ -302,6 +315,14 @@ bool VirtualQp::on_error_completion(CqState& cq, int p, ibv_wc& wc) {
   }
   // The application's own error (or no path left): it gets the completion it would have got.
   if (!is_link_failure(wc.status)) application_failed.store(true, std::memory_order_relaxed);
+  if (p == kStandby && srq != nullptr && (wc.wr_id & kStandbyReceiveTag)) {
+    // The application gets this receive back: it is no longer the shim's to move.
+    wc.qp_num = vqpn;
+    srq->lock().lock();
+    srq->consume(kStandby, &wc.wr_id);
+    srq->lock().unlock();
+    return true;
+  }
   if (p == kStandby) translate_standby_error(wc);
   return true;
 }
@@ -318,7 +339,23 @@ bool VirtualQp::on_completion_locked(CqState& cq, int p, ibv_wc& wc) {
     return mode_ == PostMode::kBypass ? true : on_error_completion(cq, p, wc);
   }
   const bool receive = (wc.opcode & IBV_WC_RECV) != 0;
-  if (p == kPrimary) {
+  if (receive && srq != nullptr) {
+    // Whatever the mode: the SRQ's record must know every receive its QPs consumed.
+    std::uint64_t wr_id = wc.wr_id;
+    srq->lock().lock();
+    const bool known = srq->consume(p, &wr_id);
+    srq->lock().unlock();
+    if (p == kStandby) {
+      if (!known) {
+        VF_LOG_ERROR("qp {}: standby receive completion {:#x} not in its SRQ's record; hidden",
+                     vqpn, wc.wr_id);
+        return false;
+      }
+      wc.wr_id = wr_id;
+      wc.qp_num = vqpn;
+    }
+    recv_ring_.note_delivered();
+  } else if (p == kPrimary) {
     if (mode_ != PostMode::kBypass) {
       if (receive) {
         recv_ring_.consume_oldest(wc.wr_id);

@@ -62,6 +62,10 @@ void configure_failover(const Config& config) {
   verbs.modify_qp = real.ibv_modify_qp;
   verbs.destroy_qp = real.ibv_destroy_qp;
   verbs.query_qp = real.ibv_query_qp;
+  verbs.create_srq = real.ibv_create_srq;
+  verbs.modify_srq = real.ibv_modify_srq;
+  verbs.query_srq = real.ibv_query_srq;
+  verbs.destroy_srq = real.ibv_destroy_srq;
   verbs.get_async_event = real.ibv_get_async_event;
   verbs.ack_async_event = real.ibv_ack_async_event;
   verbs.event_type_str = real.ibv_event_type_str;

@@ -19,7 +19,19 @@
        progress steps brings no further (duplicate) completion.
    The shim's stats file (failovers >= 1 for both QPs) is checked by run_exactly_once.sh.
 
-   Usage: exactly_once SCENARIO [--wr-api] [--timeout-ms N]
+   --srq: each side has one basic SRQ; A and B are attached to it, and so is a SECOND pair, A2
+   (fake0) <-> B2 (fake2), that carries its own stream of sequence-numbered SENDs both ways,
+   interleaved with the scenario's traffic before and after the cut (stream()). All receives are
+   posted with ibv_post_srq_recv. A2/B2 share A's/B's CQs; completions are told apart by qp_num.
+   A receive is then consumed by whichever QP of the SRQ gets a message, so the receive checks
+   become (on_srq_recv_wc, check_srq_final): every posted receive wr_id is consumed at most once
+   over the whole run, and only one of that SRQ's; each QP's messages arrive exactly once, in
+   order, with the right opcode/imm/byte_len/qp_num, the payload in the buffer of the receive the
+   completion names; a consumed buffer is never written again; at the end the number of consumed
+   receives equals the number of receive-consuming messages of both QPs. Which receive a message
+   gets (post order across the QPs) is deliberately not checked.
+
+   Usage: exactly_once SCENARIO [--wr-api] [--sig-all] [--split-cq] [--srq] [--timeout-ms N]
           exactly_once selftest      (feeds duplicates/losses/reorders to the checker itself)
    Scenarios: see the table at the end of the file. Output: "PASS ..." and exit 0; "FAIL: ..."
    lines and exit 1; "SETUP: ..." and exit 3 when the cut point could not be established (then
@@ -47,7 +59,7 @@
 #define SRC_END (256u << 10)
 #define RECV_BASE (256u << 10) /* receive slots */
 #define RECV_SLOT 512u
-#define RECV_SLOTS 64u
+#define RECV_SLOTS 512u /* the whole receive region: a slot is never reused within a run */
 #define TGT_BASE (512u << 10) /* targets of the peer's RDMA WRITE / sources of its READ */
 #define TGT_END BUF_SIZE
 #define MAX_EXP 512
@@ -55,6 +67,8 @@
 #define MAX_RECV_WR 64
 #define MAX_INLINE 128
 #define CQ_SIZE 512
+#define SRQ_MAX_WR 256  /* --srq: outstanding receives per SRQ (the scenarios keep < 64) */
+#define STREAM_WARMUP 2 /* --srq: second-pair messages each way in warmup() */
 #define BIG_DELAY 1000000u /* progress steps: "held on the wire until the port dies" */
 #define MARKER 0x5a
 #define CLOBBER 0xee
@@ -167,6 +181,10 @@ struct exp_msg { /* a receive-consuming message the side will receive, in order 
 struct posted_recv {
   uint64_t wr_id;
   uint32_t slot;
+  /* --srq: who consumed it (NULL: not yet), and the hash of its buffer at that moment */
+  struct side* by;
+  int msg; /* index in by->msgs */
+  uint64_t hash;
 };
 
 struct exp_mem { /* expected final content of a region */
@@ -182,6 +200,12 @@ struct side {
   const char* name;
   int dev_index;
   uint64_t wr_base;
+  /* The side that owns the receive queue model (recvs), the buffer allocators and the resources
+     (context, PD, MR, CQs, SRQ): itself for A and B; A for A2 and B for B2 (--srq). */
+  struct side* home;
+  struct side* pair2;   /* --srq, on A and B: the second QP on the same SRQ (A2, B2); else NULL */
+  struct ibv_srq* srq;  /* --srq */
+  uint32_t stream_seq;  /* --srq, on A2 and B2: sequence number of the last stream message */
   struct ibv_context* ctx;
   struct ibv_pd* pd;
   struct ibv_mr* mr;
@@ -209,14 +233,18 @@ struct side {
   int batching;
 };
 
-static struct side g_a = {.name = "A", .dev_index = 0, .wr_base = 0xa000000000ull};
-static struct side g_b = {.name = "B", .dev_index = 2, .wr_base = 0xb000000000ull};
+static struct side g_a = {.name = "A", .dev_index = 0, .wr_base = 0xa000000000ull, .home = &g_a};
+static struct side g_b = {.name = "B", .dev_index = 2, .wr_base = 0xb000000000ull, .home = &g_b};
+/* --srq: the second pair, on A's and B's SRQs (and CQs) */
+static struct side g_a2 = {.name = "A2", .dev_index = 0, .wr_base = 0xa200000000ull, .home = &g_a};
+static struct side g_b2 = {.name = "B2", .dev_index = 2, .wr_base = 0xb200000000ull, .home = &g_b};
 static struct exp_mem g_mem[MAX_EXP];
 static uint32_t g_n_mem = 0;
 static uint32_t g_seed = 1000;
 static int g_wr_api = 0;
 static int g_sig_all = 0;  /* --sig-all: QPs with sq_sig_all, every WR completes */
 static int g_split_cq = 0; /* --split-cq: separate send and receive CQs */
+static int g_srq = 0;      /* --srq: SRQs and a second QP pair on them */
 
 static uint32_t bump(uint32_t* next, uint32_t len, uint32_t end, const char* what) {
   uint32_t off = *next;
@@ -244,19 +272,18 @@ enum { SIG = 1, INL = 2 };
    batch. The WR is posted by flush() (immediately unless s->batching). */
 static void flush(struct side* s);
 
-static uint64_t post_op(struct side* s, enum ibv_wr_opcode op, uint32_t len, int flags,
-                        uint32_t imm) {
+static uint64_t post_op_seed(struct side* s, enum ibv_wr_opcode op, uint32_t len, int flags,
+                             uint32_t imm, uint32_t seed) {
   struct side* peer = s->peer;
   if (s->batch_n >= MAX_SEND_WR) setup_fail("batch too long");
   const uint64_t wr_id = s->wr_base + ++s->next_wr;
-  const uint32_t seed = ++g_seed;
-  const uint32_t src = bump(&s->src_next, len ? len : 1, SRC_END, "source");
+  const uint32_t src = bump(&s->home->src_next, len ? len : 1, SRC_END, "source");
   uint32_t tgt = 0;
   const uint32_t mem_before = g_n_mem;
   if (g_n_mem >= MAX_EXP || s->n_sends >= MAX_EXP || peer->n_msgs >= MAX_EXP)
     setup_fail("too many expectations");
   if (op == IBV_WR_RDMA_READ) {
-    tgt = bump(&peer->tgt_next, len, TGT_END, "target");
+    tgt = bump(&peer->home->tgt_next, len, TGT_END, "target");
     fill_pattern(peer->buf + tgt, len, seed); /* the peer's application data */
     memset(s->buf + src, 0, len);
     g_mem[g_n_mem] = (struct exp_mem){.where = s, .off = src, .len = len, .seed = seed,
@@ -265,7 +292,7 @@ static uint64_t post_op(struct side* s, enum ibv_wr_opcode op, uint32_t len, int
   } else {
     fill_pattern(s->buf + src, len, seed);
     if (op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM) {
-      tgt = bump(&peer->tgt_next, len ? len : 1, TGT_END, "target");
+      tgt = bump(&peer->home->tgt_next, len ? len : 1, TGT_END, "target");
       memset(peer->buf + tgt, 0, len);
       g_mem[g_n_mem++] = (struct exp_mem){.where = peer, .off = tgt, .len = len, .seed = seed};
     }
@@ -308,6 +335,11 @@ static uint64_t post_op(struct side* s, enum ibv_wr_opcode op, uint32_t len, int
   }
   if (!s->batching) flush(s);
   return wr_id;
+}
+
+static uint64_t post_op(struct side* s, enum ibv_wr_opcode op, uint32_t len, int flags,
+                        uint32_t imm) {
+  return post_op_seed(s, op, len, flags, imm, ++g_seed);
 }
 
 static void flush(struct side* s) {
@@ -364,25 +396,58 @@ static void end_batch(struct side* s) {
   flush(s);
 }
 
+/* Posts `count` receives to the side's QP, or (--srq) to its SRQ; `s` is A or B (a home). */
 static void post_recvs(struct side* s, int count) {
   for (int k = 0; k < count; ++k) {
-    if (s->n_recvs >= (int)RECV_SLOTS) setup_fail("%s: out of receive slots", s->name);
+    if (s->n_recvs >= (int)RECV_SLOTS || s->n_recvs >= MAX_EXP)
+      setup_fail("%s: out of receive slots", s->name);
     struct posted_recv* r = &s->recvs[s->n_recvs];
     r->wr_id = s->wr_base + 0x800000ull + (uint64_t)s->n_recvs;
     r->slot = (uint32_t)s->n_recvs % RECV_SLOTS;
+    r->by = NULL;
+    r->msg = -1;
+    r->hash = 0;
     memset(s->buf + RECV_BASE + r->slot * RECV_SLOT, 0, RECV_SLOT);
     struct ibv_sge sge = {.addr = (uintptr_t)(s->buf + RECV_BASE + r->slot * RECV_SLOT),
                           .length = RECV_SLOT,
                           .lkey = s->mr->lkey};
     struct ibv_recv_wr wr = {.wr_id = r->wr_id, .sg_list = &sge, .num_sge = 1};
     struct ibv_recv_wr* bad = NULL;
-    const int rc = ibv_post_recv(s->qp, &wr, &bad);
+    const int rc = g_srq ? ibv_post_srq_recv(s->srq, &wr, &bad) : ibv_post_recv(s->qp, &wr, &bad);
     if (rc != 0) {
-      fail("%s: ibv_post_recv failed: %s", s->name, strerror(rc));
+      fail("%s: %s failed: %s", s->name, g_srq ? "ibv_post_srq_recv" : "ibv_post_recv",
+           strerror(rc));
       return;
     }
     ++s->n_recvs;
   }
+}
+
+/* --srq: the second pair's stream. One message each way per call (A2 -> B2, then B2 -> A2):
+   small SENDs, odd sequence numbers SEND_WITH_IMM (signaled), even ones plain SEND (every 4th
+   unsignaled). The tag 0x2<dir><seq> (0x2a000003 = pair 2, from A2, message 3) is both the
+   imm_data and the seed of the payload pattern, so a stray payload can be recognised. */
+static void stream_msg(struct side* s) {
+  const uint32_t seq = ++s->stream_seq;
+  const uint32_t tag = 0x20000000u | (s == &g_a2 ? 0x0a000000u : 0x0b000000u) | (seq & 0xffffffu);
+  const uint32_t len = 8 + seq * 13 % 57;
+  if (seq % 2 == 1)
+    post_op_seed(s, IBV_WR_SEND_WITH_IMM, len, SIG, tag, tag);
+  else
+    post_op_seed(s, IBV_WR_SEND, len, seq % 4 == 0 ? 0 : SIG, 0, tag);
+}
+
+static void stream(int rounds) {
+  if (!g_srq) return;
+  for (int i = 0; i < rounds; ++i) {
+    stream_msg(&g_a2);
+    stream_msg(&g_b2);
+  }
+}
+
+/* Receives still free for messages (posted minus expected consumers of the queue). */
+static int recvs_left(const struct side* s) {
+  return s->n_recvs - s->n_msgs - (s->pair2 ? s->pair2->n_msgs : 0);
 }
 
 /* ------------------------------------------------------------------ completion checks */
@@ -441,7 +506,22 @@ static void on_send_wc(struct side* s, const struct ibv_wc* wc) {
   s->got_sends = k + 1;
 }
 
+static void check_msg(struct side* s, int j, const struct ibv_wc* wc, uint32_t slot);
+static void on_srq_recv_wc(struct side* s, const struct ibv_wc* wc);
+
+/* FNV-1a of a receive slot (--srq: a consumed buffer must never change again). */
+static uint64_t slot_hash(const struct side* h, uint32_t slot) {
+  const uint8_t* p = h->buf + RECV_BASE + slot * RECV_SLOT;
+  uint64_t x = 1469598103934665603ull;
+  for (uint32_t i = 0; i < RECV_SLOT; ++i) x = (x ^ p[i]) * 1099511628211ull;
+  return x;
+}
+
 static void on_recv_wc(struct side* s, const struct ibv_wc* wc) {
+  if (g_srq) {
+    on_srq_recv_wc(s, wc);
+    return;
+  }
   const int j = s->got_msgs;
   if (j >= s->n_msgs) {
     fail("%s: unexpected receive completion after all %d expected messages (a DUPLICATE "
@@ -453,7 +533,6 @@ static void on_recv_wc(struct side* s, const struct ibv_wc* wc) {
          s->n_recvs, wc_desc(wc));
     return;
   }
-  const struct exp_msg* m = &s->msgs[j];
   const struct posted_recv* r = &s->recvs[j];
   if (wc->wr_id != r->wr_id) {
     fail("%s: receive completion #%d should consume receive wr_id=%#llx, got %s (receives "
@@ -464,6 +543,73 @@ static void on_recv_wc(struct side* s, const struct ibv_wc* wc) {
     return;
   }
   s->got_msgs = j + 1;
+  check_msg(s, j, wc, r->slot);
+}
+
+/* --srq: a receive completion of QP `s` (A, A2, B or B2) consumes one receive of its home's SRQ:
+   any one not consumed yet (post order across the QPs is not checked), and it must be message
+   #got_msgs of this QP. */
+static int find_recv(const struct side* h, uint64_t wr_id) {
+  for (int k = 0; k < h->n_recvs; ++k)
+    if (h->recvs[k].wr_id == wr_id) return k;
+  return -1;
+}
+
+static void on_srq_recv_wc(struct side* s, const struct ibv_wc* wc) {
+  struct side* h = s->home;
+  const int j = s->got_msgs;
+  if (j >= s->n_msgs) {
+    fail("%s: unexpected receive completion after all %d expected messages of this QP (a "
+         "DUPLICATE delivery?): %s", s->name, s->n_msgs, wc_desc(wc));
+    return;
+  }
+  const int k = find_recv(h, wc->wr_id);
+  if (k < 0) {
+    fail("%s: receive completion #%d names wr_id=%#llx, never posted to %s's SRQ%s: %s", s->name,
+         j, (unsigned long long)wc->wr_id, h->name,
+         find_recv(h->peer->home, wc->wr_id) >= 0 ? " (a receive of the OTHER side's SRQ)" : "",
+         wc_desc(wc));
+    s->got_msgs = j + 1; /* one defect, one failure */
+    return;
+  }
+  struct posted_recv* r = &h->recvs[k];
+  if (r->by != NULL) {
+    fail("%s: receive completion #%d consumes SRQ receive wr_id=%#llx (slot %u) AGAIN: %s "
+         "message #%d consumed it already (one receive buffer handed to two messages): %s",
+         s->name, j, (unsigned long long)r->wr_id, r->slot, r->by->name, r->msg, wc_desc(wc));
+    s->got_msgs = j + 1;
+    return;
+  }
+  r->by = s;
+  r->msg = j;
+  s->got_msgs = j + 1;
+  check_msg(s, j, wc, r->slot);
+  r->hash = slot_hash(h, r->slot);
+}
+
+static const char* srq_buffer_holds(const struct side* h, uint32_t slot) {
+  /* Diagnostic: whose payload is in this receive buffer? */
+  static char text[96];
+  const uint8_t* p = h->buf + RECV_BASE + slot * RECV_SLOT;
+  const struct side* qps[2] = {h, h->pair2};
+  for (int q = 0; q < 2; ++q) {
+    if (!qps[q]) continue;
+    for (int i = 0; i < qps[q]->n_msgs; ++i) {
+      const struct exp_msg* m = &qps[q]->msgs[i];
+      if (m->carries_payload && m->len > 0 && check_pattern(p, m->len, m->seed) < 0) {
+        snprintf(text, sizeof text, "it holds %s message #%d's payload", qps[q]->name, i);
+        return text;
+      }
+    }
+  }
+  return "wrong bytes";
+}
+
+/* Opcode, imm, byte_len, payload (in receive slot `slot` of s->home) and RC ordering of message
+   #j of QP `s`, given its receive completion. */
+static void check_msg(struct side* s, int j, const struct ibv_wc* wc, uint32_t slot) {
+  const struct exp_msg* m = &s->msgs[j];
+  const uint8_t* buf = s->home->buf + RECV_BASE + slot * RECV_SLOT;
   if (wc->opcode != m->opcode)
     fail("%s: message #%d opcode %d, expected %d: %s", s->name, j, wc->opcode, m->opcode,
          wc_desc(wc));
@@ -475,13 +621,12 @@ static void on_recv_wc(struct side* s, const struct ibv_wc* wc) {
   if (wc->byte_len != m->len)
     fail("%s: message #%d byte_len %u, expected %u", s->name, j, wc->byte_len, m->len);
   if (m->carries_payload) {
-    const long bad = check_pattern(s->buf + RECV_BASE + r->slot * RECV_SLOT, m->len, m->seed);
+    const long bad = check_pattern(buf, m->len, m->seed);
     if (bad >= 0)
-      fail("%s: message #%d payload differs at byte %ld (0x%02x): %s", s->name, j, bad,
-           s->buf[RECV_BASE + r->slot * RECV_SLOT + bad],
-           s->buf[RECV_BASE + r->slot * RECV_SLOT + bad] == CLOBBER
-               ? "the sender's reused inline buffer was sent, not the bytes posted"
-               : "wrong bytes");
+      fail("%s: message #%d payload differs at byte %ld (0x%02x): %s", s->name, j, bad, buf[bad],
+           buf[bad] == CLOBBER ? "the sender's reused inline buffer was sent, not the bytes posted"
+           : g_srq             ? srq_buffer_holds(s->home, slot)
+                               : "wrong bytes");
   }
   /* RC ordering: every RDMA WRITE posted to us before this message is visible now. */
   for (uint32_t k = 0; k < m->mem_before; ++k) {
@@ -496,9 +641,15 @@ static void on_recv_wc(struct side* s, const struct ibv_wc* wc) {
 }
 
 static void on_wc(struct side* s, const struct ibv_wc* wc) {
-  if (wc->qp_num != s->qp->qp_num)
-    fail("%s: completion reports qp_num %u, the application's QP is %u: %s", s->name, wc->qp_num,
-         s->qp->qp_num, wc_desc(wc));
+  if (wc->qp_num != s->qp->qp_num) {
+    if (s->pair2)
+      fail("%s: completion reports qp_num %u, the application's QPs on this CQ are %u and %u "
+           "(%s): %s", s->name, wc->qp_num, s->qp->qp_num, s->pair2->qp->qp_num, s->pair2->name,
+           wc_desc(wc));
+    else
+      fail("%s: completion reports qp_num %u, the application's QP is %u: %s", s->name,
+           wc->qp_num, s->qp->qp_num, wc_desc(wc));
+  }
   if (wc->status != IBV_WC_SUCCESS) {
     fail("%s: error completion surfaced: %s", s->name, wc_desc(wc));
     return;
@@ -513,6 +664,12 @@ static void on_wc(struct side* s, const struct ibv_wc* wc) {
 
 enum { POLL_A = 1, POLL_B = 2, POLL_BOTH = 3 };
 
+/* --srq: A2 (B2) completes on A's (B's) CQs; the completion's qp_num tells whose it is. Anything
+   not A2's (B2's) is checked as A's (B's), which rejects a foreign qp_num. */
+static struct side* qp_owner(struct side* s, const struct ibv_wc* wc) {
+  return s->pair2 && wc->qp_num == s->pair2->qp->qp_num ? s->pair2 : s;
+}
+
 static int poll_cq(struct side* s, struct ibv_cq* cq) {
   struct ibv_wc wc[16];
   const int n = ibv_poll_cq(cq, 16, wc);
@@ -525,7 +682,7 @@ static int poll_cq(struct side* s, struct ibv_cq* cq) {
       fail("%s: a receive completion on the send CQ: %s", s->name, wc_desc(&wc[i]));
     if (cq != s->cq && !(wc[i].opcode & IBV_WC_RECV) && wc[i].status == IBV_WC_SUCCESS)
       fail("%s: a send completion on the receive CQ: %s", s->name, wc_desc(&wc[i]));
-    on_wc(s, &wc[i]);
+    on_wc(qp_owner(s, &wc[i]), &wc[i]);
   }
   return n;
 }
@@ -536,15 +693,23 @@ static int poll_side(struct side* s) {
   return n;
 }
 
+static int side_done(const struct side* s) {
+  return s->got_sends == s->n_sends && s->got_msgs == s->n_msgs;
+}
+
 static int all_done(void) {
-  return g_a.got_sends == g_a.n_sends && g_a.got_msgs == g_a.n_msgs &&
-         g_b.got_sends == g_b.n_sends && g_b.got_msgs == g_b.n_msgs;
+  return side_done(&g_a) && side_done(&g_b) && (!g_srq || (side_done(&g_a2) && side_done(&g_b2)));
 }
 
 static void report_progress(const char* what) {
-  fail("timeout (%d ms) waiting for %s: A sends %d/%d msgs %d/%d, B sends %d/%d msgs %d/%d", g_timeout_ms,
-       what, g_a.got_sends, g_a.n_sends, g_a.got_msgs, g_a.n_msgs, g_b.got_sends, g_b.n_sends,
-       g_b.got_msgs, g_b.n_msgs);
+  char pair2[128] = "";
+  if (g_srq)
+    snprintf(pair2, sizeof pair2, ", A2 sends %d/%d msgs %d/%d, B2 sends %d/%d msgs %d/%d",
+             g_a2.got_sends, g_a2.n_sends, g_a2.got_msgs, g_a2.n_msgs, g_b2.got_sends,
+             g_b2.n_sends, g_b2.got_msgs, g_b2.n_msgs);
+  fail("timeout (%d ms) waiting for %s: A sends %d/%d msgs %d/%d, B sends %d/%d msgs %d/%d%s",
+       g_timeout_ms, what, g_a.got_sends, g_a.n_sends, g_a.got_msgs, g_a.n_msgs, g_b.got_sends,
+       g_b.n_sends, g_b.got_msgs, g_b.n_msgs, pair2);
 }
 
 /* Polls (each poll is a progress step of the fake) until cond() holds; stops early on a failure
@@ -578,6 +743,7 @@ static struct fake_verbs_qp_stats qp_stats(struct side* s) {
 /* ------------------------------------------------------------------ setup */
 
 static struct ibv_device** g_devices;
+static void create_qp(struct side* s, const char* want);
 
 static void open_side(struct side* s) {
   int n = 0;
@@ -601,20 +767,51 @@ static void open_side(struct side* s) {
   if (!s->cq) setup_fail("ibv_create_cq");
   s->rcq = g_split_cq ? ibv_create_cq(s->ctx, CQ_SIZE, NULL, NULL, 0) : s->cq;
   if (!s->rcq) setup_fail("ibv_create_cq");
+  if (g_srq) {
+    struct ibv_srq_init_attr sattr = {.attr = {.max_wr = SRQ_MAX_WR, .max_sge = 1}};
+    s->srq = ibv_create_srq(s->pd, &sattr);
+    if (!s->srq) setup_fail("ibv_create_srq on %s", want);
+  }
+  create_qp(s, want);
+  if (ibv_query_gid(s->ctx, 1, 1, &s->gid) != 0) setup_fail("ibv_query_gid index 1");
+  s->src_next = SRC_BASE;
+  s->tgt_next = TGT_BASE;
+}
+
+/* --srq: the second QP on the side `home` (A2 on A's context/PD/MR/CQs/SRQ, B2 on B's). */
+static void open_second(struct side* s, struct side* home) {
+  s->home = home;
+  s->ctx = home->ctx;
+  s->pd = home->pd;
+  s->mr = home->mr;
+  s->cq = home->cq;
+  s->rcq = home->rcq;
+  s->srq = home->srq;
+  s->buf = home->buf;
+  s->gid = home->gid;
+  home->pair2 = s;
+  char want[16];
+  snprintf(want, sizeof want, "fake%d", s->dev_index);
+  create_qp(s, want);
+}
+
+static void create_qp(struct side* s, const char* want) {
+  /* With an SRQ the QP has no receive queue of its own: max_recv_wr/sge are ignored. */
   struct ibv_qp_cap cap = {.max_send_wr = MAX_SEND_WR,
-                           .max_recv_wr = MAX_RECV_WR,
+                           .max_recv_wr = s->srq ? 0 : MAX_RECV_WR,
                            .max_send_sge = 1,
-                           .max_recv_sge = 1,
+                           .max_recv_sge = s->srq ? 0 : 1,
                            .max_inline_data = MAX_INLINE};
   if (!g_wr_api) {
     struct ibv_qp_init_attr attr = {
-        .send_cq = s->cq, .recv_cq = s->rcq, .cap = cap, .qp_type = IBV_QPT_RC,
+        .send_cq = s->cq, .recv_cq = s->rcq, .srq = s->srq, .cap = cap, .qp_type = IBV_QPT_RC,
         .sq_sig_all = g_sig_all};
     s->qp = ibv_create_qp(s->pd, &attr);
   } else {
     struct ibv_qp_init_attr_ex attr = {
         .send_cq = s->cq,
         .recv_cq = s->rcq,
+        .srq = s->srq,
         .cap = cap,
         .qp_type = IBV_QPT_RC,
         .sq_sig_all = g_sig_all,
@@ -632,9 +829,6 @@ static void open_side(struct side* s) {
   struct ibv_qp_init_attr init;
   if (ibv_query_qp(s->qp, &qattr, IBV_QP_CAP, &init) != 0) setup_fail("ibv_query_qp");
   s->cap = init.cap;
-  if (ibv_query_gid(s->ctx, 1, 1, &s->gid) != 0) setup_fail("ibv_query_gid index 1");
-  s->src_next = SRC_BASE;
-  s->tgt_next = TGT_BASE;
 }
 
 static void setup(int recvs_a, int recvs_b) {
@@ -650,30 +844,50 @@ static void setup(int recvs_a, int recvs_b) {
   step = vf_test_rc_connect(g_b.qp, g_a.qp->qp_num, g_a.gid, 1, access);
   if (step) setup_fail("connecting B failed at step %d", step);
   printf("QPN A=%u B=%u\n", g_a.qp->qp_num, g_b.qp->qp_num);
+  if (g_srq) {
+    open_second(&g_a2, &g_a);
+    open_second(&g_b2, &g_b);
+    g_a2.peer = &g_b2;
+    g_b2.peer = &g_a2;
+    step = vf_test_rc_connect(g_a2.qp, g_b2.qp->qp_num, g_b2.gid, 1, access);
+    if (step) setup_fail("connecting A2 failed at step %d", step);
+    step = vf_test_rc_connect(g_b2.qp, g_a2.qp->qp_num, g_a2.gid, 1, access);
+    if (step) setup_fail("connecting B2 failed at step %d", step);
+    printf("QPN A2=%u B2=%u\n", g_a2.qp->qp_num, g_b2.qp->qp_num);
+  }
   post_recvs(&g_a, recvs_a);
   post_recvs(&g_b, recvs_b);
 }
 
 /* Traffic both ways before the cut (the pair works, the rings hold history). Consumes 2
-   receives on each side. */
+   receives on each side (--srq: 2 + STREAM_WARMUP on each SRQ, the second pair's stream
+   interleaved). */
 static void warmup(void) {
   post_op(&g_a, IBV_WR_SEND, 200, SIG, 0);
+  stream(1);
   post_op(&g_b, IBV_WR_SEND, 100, SIG, 0);
   post_op(&g_a, IBV_WR_RDMA_WRITE, 300, 0, 0);
   post_op(&g_a, IBV_WR_RDMA_WRITE_WITH_IMM, 64, SIG, 0x1111);
+  stream(STREAM_WARMUP - 1);
   post_op(&g_b, IBV_WR_SEND_WITH_IMM, 32, SIG, 0x2222);
   wait_for(all_done, POLL_BOTH, "the warm-up traffic");
 }
 
 static void hold_fake0(void) { fv.set_delay(0, BIG_DELAY); }
 
+/* --srq: the second pair's stream goes on around the cut: one message each way right before
+   the port dies (held on the wire with the scenario's traffic when fake0 is delayed, else
+   delivered with its completions unpolled, or in RNR when B's SRQ is empty), one right after
+   (racing the detection). The scenario's cut point was verified before. */
 static void do_cut(void) {
+  stream(1);
   struct fake_verbs_device_stats d;
   fv.dev_stats(0, &d);
   printf("cut: fake0 port down (fake0 tx=%llu rx=%llu so far)\n",
          (unsigned long long)d.tx_messages, (unsigned long long)d.rx_messages);
   fflush(stdout);
   if (fv.port_down(0) != 0) setup_fail("fake_verbs_port_down(0)");
+  stream(1);
 }
 
 /* The region a receiver takes over after the message that announced it: it overwrites it. */
@@ -821,9 +1035,12 @@ static void scenario_inline(void) {
 }
 
 /* RNR: B has no receive when A's SEND arrives (rnr_retry 7: A retries forever); the port dies,
-   then B posts the receives (racing the switch). */
+   then B posts the receives (racing the switch). --srq: B's SRQ is empty, so the second pair's
+   A2 -> B2 message posted at the cut is in RNR too; the receives B then posts go to whichever QP
+   the SRQ serves first (11 >= 3 + 2 after the cut + 1 + 2 in after_round). */
 static void scenario_rnr(void) {
-  setup(48, 2); /* B: exactly the two receives the warm-up consumes */
+  /* B: exactly the receives the warm-up consumes */
+  setup(48, 2 + (g_srq ? STREAM_WARMUP : 0));
   warmup();
   const struct fake_verbs_qp_stats a0 = qp_stats(&g_a), b0 = qp_stats(&g_b);
   post_op(&g_a, IBV_WR_SEND, 200, SIG, 0);
@@ -928,6 +1145,7 @@ static void scenario_failback_in_flight(void) {
   post_op(&g_a, IBV_WR_RDMA_READ, 64, SIG, 0);
   end_batch(&g_a);
   post_op(&g_b, IBV_WR_SEND_WITH_IMM, 50, SIG, 0xfb02);
+  stream(1); /* --srq: the second pair has work held on the standby too */
   fv.dev_stats(1, &f1b);
   if (f1b.tx_messages != f1.tx_messages) setup_fail("the standby's WRs were not held");
   printf("EXPECT failback\n");
@@ -945,11 +1163,28 @@ static void scenario_failback_in_flight(void) {
     if (wait_for(all_done, POLL_BOTH, "traffic after the port came back") != 0) return;
     fv.dev_stats(0, &now);
     if (now.tx_messages > f0.tx_messages) break;
-    if (now_ms() > deadline || g_b.n_recvs - g_b.n_msgs < 4 || g_a.n_recvs - g_a.n_msgs < 4) {
+    if (now_ms() > deadline || recvs_left(&g_b) < 4 || recvs_left(&g_a) < 4) {
       fail("the primary (fake0) carried no traffic after its port came back (no failback)");
       return;
     }
   }
+}
+
+/* No cut at all: a sanity run of the traffic (and, with --srq, of the SRQ stream) and of the
+   checker on the fake, without the shim (run_exactly_once.sh plain: must PASS). */
+static void scenario_no_cut(void) {
+  setup(48, 48);
+  warmup();
+  begin_batch(&g_a);
+  post_op(&g_a, IBV_WR_RDMA_WRITE, 2000, 0, 0);
+  post_op(&g_a, IBV_WR_RDMA_WRITE_WITH_IMM, 500, SIG, 0x0c01);
+  post_op(&g_a, IBV_WR_RDMA_READ, 256, SIG, 0);
+  end_batch(&g_a);
+  stream(2);
+  post_op(&g_b, IBV_WR_SEND_WITH_IMM, 80, SIG, 0x0c02);
+  post_op(&g_b, IBV_WR_SEND, 70, 0, 0);
+  stream(2);
+  wait_for(all_done, POLL_BOTH, "the traffic");
 }
 
 /* ------------------------------------------------------------------ final checks */
@@ -959,8 +1194,10 @@ static void after_round(void) {
      or stashed one (RC order on one path), so it also bounds the wait for stragglers. */
   post_op(&g_a, IBV_WR_RDMA_WRITE, 400, 0, 0);
   post_op(&g_a, IBV_WR_RDMA_WRITE_WITH_IMM, 100, SIG, 0xf00a);
+  stream(1);
   post_op(&g_a, IBV_WR_RDMA_READ, 128, SIG, 0);
   post_op(&g_b, IBV_WR_SEND_WITH_IMM, 90, SIG, 0xf00b);
+  stream(1);
   post_op(&g_b, IBV_WR_RDMA_WRITE, 333, SIG, 0);
   wait_for(all_done, POLL_BOTH, "traffic after the failover");
 }
@@ -991,6 +1228,28 @@ static void check_memory(void) {
       fail("%s: RDMA WRITE target at %#x (len %u) wrong at byte %ld (0x%02x)", m->where->name,
            m->off, m->len, bad, m->where->buf[m->off + bad]);
   }
+}
+
+/* --srq, at the end: every consumed receive's buffer is as its completion left it (no second
+   message was written into it, even one whose completion never surfaced), and the SRQ lost or
+   invented no consumption: consumed receives == receive-consuming messages of both QPs. */
+static void check_srq_final(struct side* h) {
+  int consumed = 0;
+  for (int k = 0; k < h->n_recvs; ++k) {
+    const struct posted_recv* r = &h->recvs[k];
+    if (!r->by) continue;
+    ++consumed;
+    if (slot_hash(h, r->slot) != r->hash)
+      fail("%s's SRQ: receive wr_id=%#llx (slot %u), consumed by %s message #%d, was written "
+           "again after its completion (%s): its buffer was handed to another message",
+           h->name, (unsigned long long)r->wr_id, r->slot, r->by->name, r->msg,
+           srq_buffer_holds(h, r->slot));
+  }
+  const struct side* h2 = h->pair2;
+  if (consumed != h->n_msgs + h2->n_msgs)
+    fail("%s's SRQ: %d receive(s) consumed, but %d receive-consuming message(s) were sent to %s "
+         "and %s (%d + %d received)", h->name, consumed, h->n_msgs + h2->n_msgs, h->name,
+         h2->name, h->got_msgs, h2->got_msgs);
 }
 
 static void check_qp_and_events(struct side* s) {
@@ -1024,13 +1283,14 @@ static void check_qp_and_events(struct side* s) {
 /* ------------------------------------------------------------------ selftest of the checker */
 
 static void reset_model(void) {
-  struct side* sides[2] = {&g_a, &g_b};
-  for (int i = 0; i < 2; ++i) {
+  struct side* sides[4] = {&g_a, &g_b, &g_a2, &g_b2};
+  for (int i = 0; i < 4; ++i) {
     struct side* s = sides[i];
     s->n_sends = s->got_sends = s->n_msgs = s->got_msgs = s->n_recvs = 0;
     s->src_next = SRC_BASE;
     s->tgt_next = TGT_BASE;
     s->batch_n = 0;
+    s->stream_seq = 0;
   }
   g_n_mem = 0;
 }
@@ -1038,8 +1298,9 @@ static void reset_model(void) {
 /* Builds expectations without any device: A sends 3 messages to B; returns the completions a
    correct run delivers (A: sends; B: receives), which the cases then corrupt. */
 struct fake_run {
-  struct ibv_wc a[8], b[8];
+  struct ibv_wc a[16], b[16];
   int na, nb;
+  void (*late)(void); /* runs after the completions, before the final checks */
 };
 
 static void model_run(struct fake_run* r) {
@@ -1076,22 +1337,107 @@ static void model_run(struct fake_run* r) {
   r->na = r->nb = 3;
 }
 
+/* --srq model: A2 -> B2 exist too, and B's SRQ holds 6 receives (one stays spare). A sends the
+   3 messages above to B, A2 sends 2 stream messages to B2; the wire delivers B#0, B2#0, B#1,
+   B2#1, B#2 (kSrqOrder) into the receives assign[0..4] (in post order: 0 1 2 3 4). A's SRQ has
+   2 receives nobody consumes. r->a: the send completions of A and A2 (one CQ), r->b: the
+   receive completions of B and B2 (one CQ), in delivery order. */
+static const int kSrqOrder[5][2] = {{0, 0}, {1, 0}, {0, 1}, {1, 1}, {0, 2}}; /* {B2?, msg} */
+static const int kSrqInOrder[5] = {0, 1, 2, 3, 4};
+
+static void model_run_srq(struct fake_run* r, const int assign[5]) {
+  reset_model();
+  memset(g_a.buf + RECV_BASE, 0, RECV_SLOTS * RECV_SLOT);
+  memset(g_b.buf + RECV_BASE, 0, RECV_SLOTS * RECV_SLOT);
+  g_a.batching = g_b.batching = g_a2.batching = g_b2.batching = 1; /* record only */
+  post_op(&g_a, IBV_WR_SEND, 40, SIG, 0);
+  stream_msg(&g_a2);
+  post_op(&g_a, IBV_WR_RDMA_WRITE, 64, 0, 0);
+  post_op(&g_a, IBV_WR_RDMA_WRITE_WITH_IMM, 16, SIG, 0x77);
+  stream_msg(&g_a2);
+  post_op(&g_a, IBV_WR_SEND_WITH_IMM, 24, SIG, 0x78);
+  g_a.batch_n = g_a2.batch_n = 0;
+  struct side* homes[2] = {&g_a, &g_b};
+  for (int h = 0; h < 2; ++h) {
+    struct side* s = homes[h];
+    s->n_recvs = s == &g_b ? 6 : 2;
+    for (int k = 0; k < s->n_recvs; ++k)
+      s->recvs[k] = (struct posted_recv){.wr_id = s->wr_base + 0x800000ull + (uint64_t)k,
+                                         .slot = (uint32_t)k, .msg = -1};
+  }
+  for (uint32_t k = 0; k < g_n_mem; ++k)
+    fill_pattern(g_mem[k].where->buf + g_mem[k].off, g_mem[k].len, g_mem[k].seed);
+  memset(r, 0, sizeof *r);
+  for (int i = 0; i < 5; ++i) { /* the wire */
+    struct side* q = kSrqOrder[i][0] ? &g_b2 : &g_b;
+    const struct exp_msg* m = &q->msgs[kSrqOrder[i][1]];
+    const struct posted_recv* rv = &g_b.recvs[assign[i]];
+    if (m->carries_payload) fill_pattern(g_b.buf + RECV_BASE + rv->slot * RECV_SLOT, m->len, m->seed);
+    r->b[r->nb++] = (struct ibv_wc){.wr_id = rv->wr_id, .status = IBV_WC_SUCCESS,
+                                    .opcode = m->opcode, .byte_len = m->len,
+                                    .qp_num = q->qp->qp_num, .imm_data = htonl(m->imm),
+                                    .wc_flags = m->with_imm ? IBV_WC_WITH_IMM : 0};
+  }
+  for (int i = 0; i < 3; ++i) { /* A's and A2's send completions, interleaved */
+    const struct side* q[2] = {&g_a, &g_a2};
+    for (int k = 0; k < 2; ++k) {
+      if (i >= q[k]->n_sends) continue;
+      const struct exp_send* e = &q[k]->sends[i];
+      r->a[r->na++] = (struct ibv_wc){.wr_id = e->wr_id, .status = IBV_WC_SUCCESS,
+                                      .opcode = e->opcode, .qp_num = q[k]->qp->qp_num};
+    }
+  }
+}
+
+/* The receive completion of B2's message #m in r->b. */
+static int srq_b2(const struct fake_run* r, int m) {
+  for (int i = 0; i < r->nb; ++i)
+    if (r->b[i].qp_num == g_b2.qp->qp_num && m-- == 0) return i;
+  return 0;
+}
+
+static void drop_wc(struct ibv_wc* wc, int* n, int i) {
+  for (int k = i; k + 1 < *n; ++k) wc[k] = wc[k + 1];
+  --*n;
+}
+
+/* B's receive completions first, then B2's (each QP's own order kept). */
+static void b2_after_b(struct fake_run* r) {
+  struct ibv_wc sorted[16];
+  int n = 0;
+  for (int pass = 0; pass < 2; ++pass)
+    for (int i = 0; i < r->nb; ++i)
+      if ((r->b[i].qp_num == g_b2.qp->qp_num) == (pass == 1)) sorted[n++] = r->b[i];
+  memcpy(r->b, sorted, sizeof(struct ibv_wc) * (size_t)n);
+}
+
+static void clobber_b_slot0(void) { g_b.buf[RECV_BASE + 3] ^= 0x40; }
+
 static int feed(struct fake_run* r) {
   const int before = g_failures;
-  for (int k = 0; k < r->na; ++k) on_wc(&g_a, &r->a[k]);
-  for (int k = 0; k < r->nb; ++k) on_wc(&g_b, &r->b[k]);
+  for (int k = 0; k < r->na; ++k) on_wc(qp_owner(&g_a, &r->a[k]), &r->a[k]);
+  for (int k = 0; k < r->nb; ++k) on_wc(qp_owner(&g_b, &r->b[k]), &r->b[k]);
+  if (r->late) r->late();
   if (!all_done()) ++g_failures; /* what wait_for reports as a timeout */
   check_memory();
+  if (g_srq) {
+    check_srq_final(&g_a);
+    check_srq_final(&g_b);
+  }
   return g_failures - before;
 }
 
 static int selftest(void) {
-  static struct ibv_qp qa, qb;
+  static struct ibv_qp qa, qb, qa2, qb2;
   static struct ibv_mr ma, mb;
   qa.qp_num = 11;
   qb.qp_num = 22;
+  qa2.qp_num = 33;
+  qb2.qp_num = 44;
   g_a.qp = &qa;
   g_b.qp = &qb;
+  g_a2.qp = &qa2;
+  g_b2.qp = &qb2;
   g_a.mr = &ma;
   g_b.mr = &mb;
   g_a.peer = &g_b;
@@ -1141,6 +1487,66 @@ static int selftest(void) {
        (take_over(&g_b, 0, g_n_mem), g_b.buf[g_mem[0].off] = 0), 1);
   CASE("taken-over region intact", (take_over(&g_b, 0, g_n_mem)), 0);
 #undef CASE
+  /* --srq: the same rules on two QPs sharing B's SRQ, plus the SRQ's own. */
+  g_srq = 1;
+  g_a.pair2 = &g_a2;
+  g_b.pair2 = &g_b2;
+  g_a2.mr = &ma;
+  g_b2.mr = &mb;
+  g_a2.buf = g_a.buf;
+  g_b2.buf = g_b.buf;
+  g_a2.peer = &g_b2;
+  g_b2.peer = &g_a2;
+#define SRQ_CASE(name, assign, mutate, want_fail)                               \
+  do {                                                                          \
+    model_run_srq(&r, assign);                                                  \
+    mutate;                                                                     \
+    const int f = feed(&r);                                                     \
+    if ((f > 0) != (want_fail)) {                                               \
+      printf("selftest srq: %-34s %s (failures=%d)\n", name, "WRONG", f);       \
+      ++bad;                                                                    \
+    } else {                                                                    \
+      printf("selftest srq: %-34s ok (%s)\n", name, f ? "caught" : "clean");    \
+    }                                                                           \
+  } while (0)
+  static const int kSwapped[5] = {1, 0, 2, 4, 3}; /* receives taken out of post order */
+  SRQ_CASE("correct run", kSrqInOrder, (void)0, 0);
+  SRQ_CASE("receives taken out of post order", kSwapped, (void)0, 0);
+  SRQ_CASE("QPs' completions interleaved otherwise", kSrqInOrder,
+           (b2_after_b(&r)), 0);
+  SRQ_CASE("same SRQ receive consumed twice", kSrqInOrder,
+           (r.b[srq_b2(&r, 1)].wr_id = r.b[0].wr_id), 1);
+  SRQ_CASE("same receive twice (payload moved)", kSrqInOrder,
+           (r.b[srq_b2(&r, 1)].wr_id = r.b[0].wr_id,
+            fill_pattern(g_b.buf + RECV_BASE, g_b2.msgs[1].len, g_b2.msgs[1].seed)), 1);
+  SRQ_CASE("receive wr_id never posted", kSrqInOrder,
+           (r.b[1].wr_id = g_b.wr_base + 0x800000ull + 40), 1);
+  SRQ_CASE("receive of the other side's SRQ", kSrqInOrder, (r.b[1].wr_id = g_a.recvs[0].wr_id),
+           1);
+  SRQ_CASE("message delivered twice (spare recv)", kSrqInOrder,
+           (r.b[5] = r.b[srq_b2(&r, 0)], r.b[5].wr_id = g_b.recvs[5].wr_id,
+            fill_pattern(g_b.buf + RECV_BASE + 5 * RECV_SLOT, g_b2.msgs[0].len, g_b2.msgs[0].seed),
+            r.nb = 6), 1);
+  SRQ_CASE("lost message of the second pair", kSrqInOrder, (drop_wc(r.b, &r.nb, srq_b2(&r, 1))),
+           1);
+  SRQ_CASE("lost message of the main pair", kSrqInOrder, (drop_wc(r.b, &r.nb, 4)), 1);
+  SRQ_CASE("payload not in the named receive", kSrqInOrder,
+           (r.b[0].wr_id = g_b.recvs[2].wr_id, r.b[2].wr_id = g_b.recvs[0].wr_id), 1);
+  SRQ_CASE("consumed buffer written again", kSrqInOrder, (r.late = clobber_b_slot0), 1);
+  SRQ_CASE("second pair: duplicate send completion", kSrqInOrder,
+           (r.a[r.na] = r.a[1], ++r.na), 1);
+  SRQ_CASE("second pair: main QP's qp_num", kSrqInOrder,
+           (r.b[srq_b2(&r, 0)].qp_num = g_b.qp->qp_num), 1);
+  SRQ_CASE("second pair: error receive completion", kSrqInOrder,
+           (r.b[srq_b2(&r, 1)].status = IBV_WC_WR_FLUSH_ERR), 1);
+  SRQ_CASE("second pair: wrong imm", kSrqInOrder,
+           (r.b[srq_b2(&r, 0)].imm_data = htonl(0x2a000002)), 1);
+  SRQ_CASE("second pair: messages swapped", kSrqInOrder,
+           (r.b[7] = r.b[srq_b2(&r, 0)], r.b[srq_b2(&r, 0)] = r.b[srq_b2(&r, 1)],
+            r.b[srq_b2(&r, 1)] = r.b[7]), 1);
+#undef SRQ_CASE
+  g_srq = 0;
+  g_a.pair2 = g_b.pair2 = NULL;
   g_quiet = 0;
   printf("%s selftest: %d wrong\n", bad ? "FAIL:" : "PASS", bad);
   return bad ? 1 : 0;
@@ -1164,13 +1570,15 @@ static const struct scenario kScenarios[] = {
     {"full_sq", scenario_full_sq},
     {"full_sq_after_switch", scenario_full_sq_after_switch},
     {"failback_in_flight", scenario_failback_in_flight},
+    {"no_cut", scenario_no_cut},
 };
 
 int main(int argc, char** argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   if (argc < 2) {
     fprintf(stderr,
-            "usage: %s SCENARIO|selftest [--wr-api] [--sig-all] [--split-cq] [--timeout-ms N]\n",
+            "usage: %s SCENARIO|selftest [--wr-api] [--sig-all] [--split-cq] [--srq] "
+            "[--timeout-ms N]\n",
             argv[0]);
     return 2;
   }
@@ -1182,6 +1590,8 @@ int main(int argc, char** argv) {
       g_sig_all = 1;
     else if (strcmp(argv[i], "--split-cq") == 0)
       g_split_cq = 1;
+    else if (strcmp(argv[i], "--srq") == 0)
+      g_srq = 1;
     else if (strcmp(argv[i], "--timeout-ms") == 0 && i + 1 < argc)
       g_timeout_ms = atoi(argv[++i]);
     else {
@@ -1189,7 +1599,13 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (strcmp(argv[1], "selftest") == 0) return selftest();
+  if (strcmp(argv[1], "selftest") == 0) {
+    if (g_srq) {
+      fprintf(stderr, "selftest covers --srq itself\n");
+      return 2;
+    }
+    return selftest();
+  }
   const struct scenario* sc = NULL;
   for (size_t i = 0; i < sizeof kScenarios / sizeof kScenarios[0]; ++i)
     if (strcmp(kScenarios[i].name, argv[1]) == 0) sc = &kScenarios[i];
@@ -1212,6 +1628,12 @@ int main(int argc, char** argv) {
   check_memory();
   check_qp_and_events(&g_a);
   check_qp_and_events(&g_b);
+  if (g_srq) {
+    check_srq_final(&g_a);
+    check_srq_final(&g_b);
+    check_qp_and_events(&g_a2);
+    check_qp_and_events(&g_b2);
+  }
   struct fake_verbs_device_stats standby;
   fv.dev_stats(1, &standby);
   printf("fake1 (A's standby device) carried %llu message(s)\n",
@@ -1219,7 +1641,8 @@ int main(int argc, char** argv) {
   if (g_failures) {
     /* The fake's view of every QP of the run (the application's and the shim's standbys), to
        help diagnose a failure. */
-    for (uint32_t q = g_a.qp->qp_num; q <= g_b.qp->qp_num + 1; ++q) {
+    const uint32_t last = g_srq ? g_b2.qp->qp_num : g_b.qp->qp_num;
+    for (uint32_t q = g_a.qp->qp_num; q <= last + 1; ++q) {
       struct fake_verbs_qp_stats st;
       if (fv.qp_stats(q, &st) != 0) continue;
       printf("fake qp %u: sent=%llu received=%llu rnr_naks=%llu transport_retries=%llu "
@@ -1228,12 +1651,17 @@ int main(int argc, char** argv) {
              (unsigned long long)st.transport_retries,
              (unsigned long long)st.completions_with_error);
     }
-    printf("FAIL: scenario %s%s: %d failure(s)\n", sc->name, g_wr_api ? " (ibv_wr_* API)" : "",
-           g_failures);
+    printf("FAIL: scenario %s%s%s: %d failure(s)\n", sc->name, g_wr_api ? " (ibv_wr_* API)" : "",
+           g_srq ? " (SRQ)" : "", g_failures);
     return 1;
   }
-  printf("PASS scenario %s%s%s%s: A %d sends %d msgs, B %d sends %d msgs\n", sc->name,
+  char pair2[96] = "";
+  if (g_srq)
+    snprintf(pair2, sizeof pair2, ", A2 %d sends %d msgs, B2 %d sends %d msgs", g_a2.n_sends,
+             g_a2.n_msgs, g_b2.n_sends, g_b2.n_msgs);
+  printf("PASS scenario %s%s%s%s%s: A %d sends %d msgs, B %d sends %d msgs%s\n", sc->name,
          g_wr_api ? " (ibv_wr_* API)" : "", g_sig_all ? " (sq_sig_all)" : "",
-         g_split_cq ? " (split CQs)" : "", g_a.n_sends, g_a.n_msgs, g_b.n_sends, g_b.n_msgs);
+         g_split_cq ? " (split CQs)" : "", g_srq ? " (SRQ)" : "", g_a.n_sends, g_a.n_msgs,
+         g_b.n_sends, g_b.n_msgs, pair2);
   return 0;
 }

@@ -2,10 +2,14 @@
 # One exactly-once failover check on the fake fabric (tests/failover/exactly_once.c).
 #   run_exactly_once.sh shim   SCENARIO [program args]  -> must PASS with the shim preloaded, and
 #                                                          the shim's stats file must show a
-#                                                          failover of both QPs
+#                                                          failover of both QPs (--srq: of the
+#                                                          second pair A2/B2 on the SRQs too)
 #   run_exactly_once.sh noshim SCENARIO [program args]  -> the same cut WITHOUT the shim must
 #                                                          break the traffic (exit 1, FAIL lines;
 #                                                          a SETUP failure proves nothing)
+#   run_exactly_once.sh plain  SCENARIO [program args]  -> WITHOUT the shim, must PASS (for the
+#                                                          no_cut scenario: the traffic and the
+#                                                          checker are sane on the fake itself)
 #   run_exactly_once.sh selftest                        -> the checker catches duplicates/losses
 # Environment (set by ctest): VF_PROGRAM, VF_SHIM, VF_FAKE_LIB_DIR, VF_WORK.
 set -euo pipefail
@@ -35,21 +39,33 @@ case "$mode" in
       "$VF_PROGRAM" "$@" >"$out" 2>&1 || status=$?
     [ "$status" -eq 0 ] || fail "exit status $status"
     grep -q "^PASS scenario" "$out" || fail "no PASS line"
-    qpns=$(sed -n 's/^QPN A=\([0-9]*\) B=\([0-9]*\)$/\1 \2/p' "$out")
+    qpns=$(sed -n 's/^QPN A=\([0-9]*\) B=\([0-9]*\)$/A=\1 B=\2/p' "$out")
     [ -n "$qpns" ] || fail "no QPN line"
+    if [[ " $* " == *" --srq "* ]]; then
+      # The second pair shares the SRQs: moving an SRQ moves every QP on it, so A2/B2 must show
+      # a failover too. The stats file lists every QP the engine saw (protected or not).
+      qpns2=$(sed -n 's/^QPN A2=\([0-9]*\) B2=\([0-9]*\)$/A2=\1 B2=\2/p' "$out")
+      [ -n "$qpns2" ] || fail "no QPN line for the second pair (--srq)"
+      qpns="$qpns $qpns2"
+    fi
     files=("$work"/stats.*.json)
     stats=${files[0]}
     [ -f "$stats" ] || fail "the shim wrote no stats file"
     python3 - "$stats" $qpns <<'PY' || fail "stats check failed ($stats)"
 import json, sys
 doc = json.load(open(sys.argv[1]))
-want = {int(sys.argv[2]): "A", int(sys.argv[3]): "B"}
+sides = []  # NAME=qpn arguments: A, B (and A2, B2 with --srq)
+want = {}
+for arg in sys.argv[2:]:
+    side, qpn = arg.split("=")
+    sides.append(side)
+    want[int(qpn)] = side
 seen = {}
 for qp in doc["qps"]:
     if qp["qpn"] in want:
         seen[want[qp["qpn"]]] = qp
 ok = True
-for side in ("A", "B"):
+for side in sides:
     qp = seen.get(side)
     if qp is None:
         print(f"stats: QP {side} is missing from the stats file"); ok = False; continue
@@ -58,7 +74,9 @@ for side in ("A", "B"):
           f"synthesized={qp['synthesized_completions']} "
           f"hidden_errors={qp['hidden_error_completions']}")
     if qp["failovers"] < 1:
-        print(f"stats: QP {side} has no failover"); ok = False
+        why = qp.get("unprotected_reason") or ""
+        print(f"stats: QP {side} has no failover" + (f" (unprotected: {why})" if why else ""))
+        ok = False
 sys.exit(0 if ok else 1)
 PY
     cat "$out"
@@ -70,6 +88,13 @@ PY
     [ "$status" -eq 1 ] || fail "without the shim the cut must break the traffic (exit 1), got exit $status"
     grep -q "^FAIL: \[" "$out" || fail "no FAIL line explains the breakage"
     echo "expected failure without the shim:"; grep -m 5 "^FAIL: \[" "$out"
+    ;;
+  plain)
+    status=0
+    run env -u LD_PRELOAD LD_LIBRARY_PATH="$VF_FAKE_LIB_DIR" "$VF_PROGRAM" "$@" >"$out" 2>&1 || status=$?
+    [ "$status" -eq 0 ] || fail "without the shim and without a cut the run must PASS, got exit $status"
+    grep -q "^PASS scenario" "$out" || fail "no PASS line"
+    cat "$out"
     ;;
   *) echo "unknown mode $mode"; exit 2 ;;
 esac

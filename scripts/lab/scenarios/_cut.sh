@@ -2,7 +2,8 @@
 # Shared by the cut_* failover scenarios (a name starting with _ is not a scenario itself): a
 # workload between the hosts, rail 0 cut on host A mid-run, and the verdict.
 #   with the shim (the scenario itself): every process exits 0 within the bound with its full
-#     iteration count (perftest's result table, rc_pingpong's "N iters", nccl_pattern's PASS) AND
+#     iteration count (perftest's result table, rc_pingpong's and srq_pingpong's "N iters",
+#     nccl_pattern's PASS) AND
 #     the shim's stats prove a failover: assert_failover on each process whose QPs were on rail 0.
 #   without the shim (NAME@noshim, the matching control): the workload must break (a process
 #     fails or hangs); the stats are not looked at.
@@ -16,6 +17,7 @@ source "$LAB_DIR/scenarios/_nccl_pattern_ring.sh"
 # is a set-up failure (lab_fail), not a pass.
 CUT_PERFTEST_ITERS=${VF_CUT_PERFTEST_ITERS:-3000}  # x 64 KiB
 CUT_PINGPONG_ITERS=${VF_CUT_PINGPONG_ITERS:-2000}  # x 4 KiB round trips
+CUT_SRQ_ITERS=${VF_CUT_SRQ_ITERS:-16000}           # x 4 KiB, 16 QPs together (18-32 s; 75 loaded)
 CUT_RPING_COUNT=${VF_CUT_RPING_COUNT:-3000}        # x 1 KiB verified pings
 CUT_NCCL_ITERS=${VF_CUT_NCCL_ITERS:-150}           # x 128 KiB all-reduce per ring (~25 s)
 CUT_AFTER=2    # seconds of traffic before the fault
@@ -70,6 +72,18 @@ cut_start() {
       CUT_JOBS=(A:cli B:srv)
       CUT_PROTECTED=(A:cli B:srv)
       ;;
+    srq_pingpong)
+      # rdma-core's ibv_srq_pingpong: 16 RC QPs (its default -q) whose receives all come from one
+      # shared receive queue; -n counts the exchanges of all the QPs together. -c checks the
+      # received data (the client prints "invalid data in page N", and still exits 0).
+      local args=(-d rxe0 -g 1 -p "$LAB_PORT" -n "$CUT_SRQ_ITERS" -s 4096 -c)
+      app B srv "${CUT_ENV[@]}" -- stdbuf -oL ibv_srq_pingpong "${args[@]}"
+      wait_listen B "$LAB_PORT" 30 || lab_fail "ibv_srq_pingpong server on B is not listening on $LAB_PORT"
+      app A cli "${CUT_ENV[@]}" -- stdbuf -oL ibv_srq_pingpong "${args[@]}" "$(ip_of B mgmt)"
+      wait_log A cli 'remote address' 30 || lab_fail "ibv_srq_pingpong did not connect"
+      CUT_JOBS=(A:cli B:srv)
+      CUT_PROTECTED=(A:cli B:srv)
+      ;;
     ib_write_bw | ib_send_bw | ib_read_bw)
       # Iterations, not -D: in duration mode perftest stops at the deadline without reaping its
       # outstanding work requests and reports success even when the link died (docs/lab.md).
@@ -102,12 +116,19 @@ cut_workload_ok() {
       figure pings "$pings"
       [[ $pings == "$CUT_RPING_COUNT" ]] || { note "rping: $pings of $CUT_RPING_COUNT pings verified"; rc=1; }
       ;;
-    rc_pingpong | rc_pingpong_events)
+    rc_pingpong | rc_pingpong_events | srq_pingpong)
       # "1000 iters in 9.87 seconds = 9870.00 usec/iter", printed by both sides.
+      local want=$CUT_PINGPONG_ITERS
+      [[ $workload == srq_pingpong ]] && want=$CUT_SRQ_ITERS
       for j in A:cli B:srv; do
-        grep -q "^$CUT_PINGPONG_ITERS iters in " "$SCEN_DIR/${j%%:*}/${j#*:}.log" ||
-          { note "$j: no '$CUT_PINGPONG_ITERS iters' line"; rc=1; }
+        grep -q "^$want iters in " "$SCEN_DIR/${j%%:*}/${j#*:}.log" ||
+          { note "$j: no '$want iters' line"; rc=1; }
       done
+      # -c (srq_pingpong): a wrong buffer is only printed, the exit status stays 0.
+      if grep -q 'invalid data in page' "$SCEN_DIR/A/cli.log"; then
+        note "A:cli: $(grep -c 'invalid data in page' "$SCEN_DIR/A/cli.log") 'invalid data in page' lines"
+        rc=1
+      fi
       local usec
       usec=$(awk '/iters in .* usec\/iter/ {print $(NF-1)}' "$SCEN_DIR/A/cli.log")
       [[ -n $usec ]] && figure usec_per_iter "$usec"

@@ -1,0 +1,189 @@
+// The record of a shared receive queue's receives and where they are posted (core/virtual_srq.h,
+// docs/design.md §5i). Healthy: record, then the provider's own post with the application's
+// request, as for a QP's receives. On the standby, and when receives move, each is posted from
+// the record with the standby device's keys.
+
+#include "core/virtual_srq.h"
+
+#include <errno.h>
+
+#include <algorithm>
+#include <bit>
+
+#include "core/log.h"
+#include "core/virtual_qp.h"
+
+namespace vf {
+
+VirtualSrq::VirtualSrq(ibv_srq* srq, const ibv_context_ops* ops, std::uint32_t depth,
+                       std::uint32_t sge, int device)
+    : app_srq(srq),
+      provider(ops),
+      device_index(device),
+      max_wr(std::max<std::uint32_t>(depth, 1)),
+      max_sge(std::clamp<std::uint32_t>(sge, 1, kMaxSge)),
+      capacity_(std::min(std::bit_ceil(max_wr * kSlack), kMaxCapacity)),
+      mask_(capacity_ - 1),
+      sge_stride_(max_sge),
+      records_(capacity_),
+      sges_(static_cast<std::size_t>(capacity_) * max_sge) {}
+
+int VirtualSrq::post_recv(ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
+  if (__builtin_expect(pinned_.load(std::memory_order_relaxed), 0)) {
+    return provider->post_srq_recv(app_srq, wr, bad_wr);
+  }
+  lock_.lock();
+  if (__builtin_expect(pinned_.load(std::memory_order_relaxed), 0)) {
+    lock_.unlock();
+    return provider->post_srq_recv(app_srq, wr, bad_wr);
+  }
+  const std::uint64_t first = tail_;
+  const int path = active_.load(std::memory_order_relaxed);
+  for (ibv_recv_wr* w = wr; w != nullptr; w = w->next) {
+    int error = 0;
+    if (tail_ - head_ >= capacity_) error = ENOMEM;
+    if (w->num_sge < 0 || static_cast<std::uint32_t>(w->num_sge) > max_sge) error = EINVAL;
+    if (__builtin_expect(error != 0, 0)) {
+      for (std::uint64_t p = first; p < tail_; ++p) --outstanding_;
+      tail_ = first;
+      lock_.unlock();
+      *bad_wr = w;
+      return error;
+    }
+    const std::uint32_t slot = slot_of(tail_);
+    records_[slot] = Record{w->wr_id, static_cast<std::uint32_t>(w->num_sge),
+                            static_cast<std::int8_t>(holding_ ? -1 : path), false};
+    std::copy_n(w->sg_list, w->num_sge, &sges_[static_cast<std::size_t>(slot) * sge_stride_]);
+    ++tail_;
+    ++outstanding_;
+  }
+  if (holding_) {
+    lock_.unlock();
+    return 0;
+  }
+  if (__builtin_expect(path == kPrimary, 1)) {
+    const int result = provider->post_srq_recv(app_srq, wr, bad_wr);
+    if (__builtin_expect(result != 0, 0)) {
+      std::uint64_t posted = 0;
+      for (ibv_recv_wr* w = wr; w != nullptr && w != *bad_wr; ++posted, w = w->next) {
+      }
+      while (tail_ > first + posted) {
+        --tail_;
+        --outstanding_;
+      }
+    }
+    lock_.unlock();
+    return result;
+  }
+  // The standby carries the traffic: each from the record, with its keys.
+  ibv_recv_wr* w = wr;
+  for (std::uint64_t position = first; position < tail_; ++position, w = w->next) {
+    if (!post_one(position, path)) {
+      const std::uint64_t end = tail_;
+      for (std::uint64_t p = position; p < end; ++p) --outstanding_;
+      tail_ = position;
+      lock_.unlock();
+      *bad_wr = w;
+      return ENOMEM;
+    }
+  }
+  lock_.unlock();
+  return 0;
+}
+
+bool VirtualSrq::post_one(std::uint64_t position, int path) {
+  Record& record = records_[slot_of(position)];
+  ibv_sge sges[kMaxSge];
+  const ibv_sge* recorded = &sges_[static_cast<std::size_t>(slot_of(position)) * sge_stride_];
+  std::uint32_t missing = 0;
+  if (!sges_for_path(path, device_index, recorded, record.num_sge, sges, &missing)) {
+    VF_LOG_ERROR("srq {:#x}: receive lkey {:#x} has no registration on the standby device",
+                 app_srq->handle, missing);
+    return false;
+  }
+  ibv_recv_wr wr{};
+  wr.wr_id = path == kStandby ? (position | kStandbyReceiveTag) : record.wr_id;
+  wr.sg_list = sges;
+  wr.num_sge = static_cast<int>(record.num_sge);
+  ibv_recv_wr* bad = nullptr;
+  const int result = path == kPrimary ? provider->post_srq_recv(app_srq, &wr, &bad)
+                                      : shadow->context->ops.post_srq_recv(shadow, &wr, &bad);
+  if (result != 0) {
+    VF_LOG_ERROR("srq {:#x}: posting a receive on the {} SRQ failed ({})", app_srq->handle,
+                 path == kPrimary ? "primary" : "standby", result);
+    return false;
+  }
+  record.where = static_cast<std::int8_t>(path);
+  return true;
+}
+
+void VirtualSrq::retire(std::uint64_t position) {
+  records_[slot_of(position)].consumed = true;
+  --outstanding_;
+  while (head_ < tail_ && records_[slot_of(head_)].consumed) ++head_;
+}
+
+bool VirtualSrq::consume(int path, std::uint64_t* wr_id) {
+  if (pinned_.load(std::memory_order_relaxed)) return false;
+  if (path == kStandby) {
+    if ((*wr_id & kStandbyReceiveTag) == 0) return false;
+    const std::uint64_t position = *wr_id & ~kStandbyReceiveTag;
+    if (position < head_ || position >= tail_) return false;
+    const Record& record = records_[slot_of(position)];
+    if (record.consumed || record.where != kStandby) return false;
+    *wr_id = record.wr_id;
+    retire(position);
+    return true;
+  }
+  for (std::uint64_t position = head_; position < tail_; ++position) {
+    const Record& record = records_[slot_of(position)];
+    if (!record.consumed && record.where == kPrimary && record.wr_id == *wr_id) {
+      retire(position);
+      return true;
+    }
+  }
+  return false;
+}
+
+bool VirtualSrq::application_wr_id(std::uint64_t tagged, std::uint64_t* wr_id) const {
+  if ((tagged & kStandbyReceiveTag) == 0) return false;
+  const std::uint64_t position = tagged & ~kStandbyReceiveTag;
+  if (position < head_ || position >= tail_) return false;
+  *wr_id = records_[slot_of(position)].wr_id;
+  return true;
+}
+
+void VirtualSrq::set_holding(bool on) {
+  lock_.lock();
+  holding_ = on;
+  lock_.unlock();
+}
+
+int VirtualSrq::move_to(int path) {
+  lock_.lock();
+  int moved = 0;
+  bool ok = true;
+  for (std::uint64_t position = head_; position < tail_ && ok; ++position) {
+    Record& record = records_[slot_of(position)];
+    if (record.consumed) continue;
+    record.where = -1;
+    if (post_one(position, path)) {
+      ++moved;
+    } else {
+      ok = false;
+    }
+  }
+  active_.store(path, std::memory_order_relaxed);
+  holding_ = false;
+  lock_.unlock();
+  return ok ? moved : -1;
+}
+
+void VirtualSrq::pin_to_primary() {
+  lock_.lock();
+  pinned_.store(true, std::memory_order_relaxed);
+  holding_ = false;
+  lock_.unlock();
+}
+
+}  // namespace vf
