@@ -757,6 +757,18 @@ void handle_pair_request(const PeerRef& from, std::uint64_t session, const PairR
 }
 
 void try_next_candidate(Protection& p);
+SrqGroup* group_of(const VirtualQp& v);
+void pin_srq_group(SrqGroup& g, const std::string& why);
+
+// Pairing failed for good: the QP runs pass-through, and so does an SRQ it takes receives from
+// (the SRQ could not move without it).
+void pairing_failed(Protection& p, std::string reason) {
+  p.pairing = false;
+  if (SrqGroup* group = group_of(*p.qp)) {
+    pin_srq_group(*group, fmt::format("qp {} on it could not be paired", p.qp->vqpn));
+  }
+  set_unprotected(p, std::move(reason));
+}
 
 void handle_pair_reply(const PeerRef& from, std::uint64_t session, const PairReply& reply) {
   Protection* p = protection_by_key(reply.pair.remote);
@@ -771,8 +783,7 @@ void handle_pair_refused(const PairRefused& refused) {
   Protection* p = protection_by_key(refused.remote);
   if (p == nullptr || p->paired || !p->pairing) return;
   if (refused.reason == static_cast<std::uint32_t>(PairRefusal::kUnprotected)) {
-    p->pairing = false;
-    set_unprotected(*p, "the peer's shim has no standby for its QP (no backup device there)");
+    pairing_failed(*p, "the peer's shim has no standby for its QP (no backup device there)");
     return;
   }
   p->awaiting_session = 0;
@@ -829,9 +840,8 @@ void try_next_candidate(Protection& p) {
     p.next_candidate = 0;
     return;
   }
-  p.pairing = false;
-  set_unprotected(p, "no peer shim answered for it (is the peer running verbs-failover, and "
-                     "is the control port reachable? VERBS_FAILOVER_CTRL_ADDRS)");
+  pairing_failed(p, "no peer shim answered for it (is the peer running verbs-failover, and is "
+                    "the control port reachable? VERBS_FAILOVER_CTRL_ADDRS)");
 }
 
 void start_pairing(Protection& p) {
@@ -922,9 +932,8 @@ void finish_switch(Protection& p) {
                    "executed cannot be known, so it completes with an error",
                    v.vqpn, record.wr.wr_id, path_name(sw.from));
     }
-    if (v.send_cq->stash.push(wc)) ++synthesized;
+    if (v.send_cq->stash_for_application(wc)) ++synthesized;
   });
-  if (synthesized > 0) v.send_cq->stash_nonempty.store(true, std::memory_order_relaxed);
   v.send_ring().compact([&](const SendRecord& record) {
     return record.sequence >= posted_before ||
            std::binary_search(keep.begin(), keep.end(), record.sequence);
@@ -1040,7 +1049,7 @@ void release_held_errors(Protection& p) {
   v.lock().unlock();
   for (const VirtualQp::HeldError& error : held) {
     error.cq->lock.lock();
-    if (error.cq->stash.push(error.wc)) error.cq->stash_nonempty.store(true);
+    error.cq->stash_for_application(error.wc);
     error.cq->lock.unlock();
   }
   if (!held.empty()) {
@@ -1073,12 +1082,15 @@ void abort_switch(Protection& p, const char* why) {
   });
   v.set_holding(false);
   v.set_mode(PostMode::kBypass);
+  // Pass-through posts go to the application's own QP: its completions (flushes, on a dead
+  // path) are the application's again.
+  v.set_active_path(kPrimary);
+  v.set_accepting(kPrimary, true);
   v.lock().unlock();
   p.sw.in_progress = false;
   release_held_errors(p);
   v.send_cq->lock.lock();
-  for (const ibv_wc& wc : flushed) v.send_cq->stash.push(wc);
-  if (!flushed.empty()) v.send_cq->stash_nonempty.store(true);
+  for (const ibv_wc& wc : flushed) v.send_cq->stash_for_application(wc);
   v.send_cq->lock.unlock();
   set_unprotected(p, fmt::format("a switch failed ({})", why));
 }
@@ -1673,9 +1685,8 @@ void handle_shadow_channel(ChannelState& channel) {
   e.verbs.ack_cq_events(cq, 1);
   for (CqState* state : channel.cqs) {
     if (state->shadow == cq) {
+      // One event per arming, as on the application's CQ: its ibv_req_notify_cq re-arms both.
       state->shadow_events_pending.fetch_add(1);
-      // Keep the shadow armed: the application re-arms its CQ, which we cannot see per shadow.
-      ibv_req_notify_cq(cq, 0);
     }
   }
   eventfd_write(channel.wake_fd, 1);

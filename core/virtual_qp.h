@@ -86,6 +86,11 @@ struct CqState {
   std::atomic<std::uint32_t> shadow_events_unacked{0};
   int wake_fd = -1;  // eventfd of the application's channel record (engine-owned)
 
+  // Under lock: a completion the engine made (synthesized, released, flushed) goes ahead of the
+  // CQ. The stash holds twice the CQ's depth; should it be full the completion is lost, and an
+  // error line says which.
+  bool stash_for_application(const ibv_wc& wc);
+
   // The application's ibv_poll_cq.
   int poll(int num_entries, ibv_wc* wc);
   // Engine: polls everything the provider holds on `path`'s CQ into the stash, processing each

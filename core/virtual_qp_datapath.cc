@@ -417,6 +417,18 @@ int CqState::poll_physical(int p, int num_entries, ibv_wc* wc, int* raw) {
   return kept;
 }
 
+bool CqState::stash_for_application(const ibv_wc& wc) {
+  if (!stash.push(wc)) {
+    VF_LOG_ERROR("cq {}: completion of qp {} wr_id={:#x} (status {}) lost: the shim's stash of "
+                 "{} completions for this CQ is full",
+                 static_cast<const void*>(app_cq), wc.qp_num, wc.wr_id,
+                 static_cast<int>(wc.status), stash.size());
+    return false;
+  }
+  stash_nonempty.store(true, std::memory_order_relaxed);
+  return true;
+}
+
 int CqState::poll(int num_entries, ibv_wc* wc) {
   lock.lock();
   int total = 0;

@@ -10,6 +10,7 @@
 #include <mutex>
 
 #include "core/object_registry.h"
+#include "core/virtual_qp.h"
 
 namespace vf::shim {
 
@@ -30,6 +31,14 @@ struct QpExRecord {
 
 struct CqExRecord {
   ibv_cq_ex original{};  // the provider's start_poll/next_poll/end_poll
+  // The failover engine manages the CQ (its completions come from both paths): the iterator is
+  // served from completions polled through it, kept here between start_poll and end_poll.
+  static constexpr int kBatch = 16;
+  CqState* failover = nullptr;
+  ibv_wc batch[kBatch]{};
+  int count = 0;
+  int index = 0;         // the completion the iterator exposes (or will, next start_poll)
+  bool exposed = false;  // start_poll/next_poll returned it and the application reads it
 };
 
 // Limits: a process with more live objects than this runs the excess unmanaged (plain provider

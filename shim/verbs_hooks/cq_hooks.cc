@@ -133,6 +133,17 @@ ibv_cq_ex* create_cq_ex(ibv_context* context, ibv_cq_init_attr_ex* attr) {
         if (cq != nullptr && shim_active()) {
           std::lock_guard lock(lifecycle_mutex());
           manage_cq_ex(cq);
+          // Its completions can come from two paths only if every field the application asked
+          // for is one an ibv_wc carries (no timestamps, VLAN, flow tag or tag matching).
+          CqExRecord* managed = cq_ex_records().find(cq);
+          if (managed != nullptr && (attr->wc_flags & ~kFailoverCqExFields) == 0 &&
+              !(attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS &&
+                attr->flags & IBV_CREATE_CQ_ATTR_SINGLE_THREADED)) {
+            ibv_cq* plain = ibv_cq_ex_to_cq(cq);
+            FailoverEngine::instance().on_cq_created(plain, attr->channel);
+            managed->failover = FailoverEngine::instance().cq_state(plain);
+            if (managed->failover != nullptr) install_cq_ex_readers(cq);
+          }
         }
         return cq;
       });
@@ -140,12 +151,64 @@ ibv_cq_ex* create_cq_ex(ibv_context* context, ibv_cq_init_attr_ex* attr) {
 
 namespace {
 
-const CqExRecord* cq_ex_record(ibv_cq_ex* cq) { return cq_ex_records().find(cq); }
+CqExRecord* cq_ex_record(ibv_cq_ex* cq) { return cq_ex_records().find(cq); }
+
+// ---- a CQ the failover engine manages: the iterator over completions polled through it
+
+// Exposes the completion at record->index, polling a new batch when the last one is used up.
+int expose_next(ibv_cq_ex* cq, CqExRecord& record) {
+  if (record.index >= record.count) {
+    const int polled = record.failover->poll(CqExRecord::kBatch, record.batch);
+    record.index = 0;
+    record.count = polled > 0 ? polled : 0;
+    if (polled < 0) return EINVAL;
+    if (polled == 0) return ENOENT;
+  }
+  const ibv_wc& wc = record.batch[record.index];
+  cq->wr_id = wc.wr_id;
+  cq->status = wc.status;
+  record.exposed = true;
+  return 0;
+}
+
+const ibv_wc& exposed_wc(ibv_cq_ex* cq) {
+  const CqExRecord* record = cq_ex_record(cq);
+  return record->batch[record->index];
+}
+
+int managed_start_poll(ibv_cq_ex* cq, CqExRecord& record) {
+  record.exposed = false;
+  return expose_next(cq, record);
+}
+
+int managed_next_poll(ibv_cq_ex* cq, CqExRecord& record) {
+  if (record.exposed) ++record.index;
+  record.exposed = false;
+  return expose_next(cq, record);
+}
+
+void managed_end_poll(CqExRecord& record) {
+  // The exposed completion was the application's; the rest of the batch waits for the next.
+  if (record.exposed) ++record.index;
+  record.exposed = false;
+}
+
+ibv_wc_opcode read_opcode(ibv_cq_ex* cq) { return exposed_wc(cq).opcode; }
+uint32_t read_vendor_err(ibv_cq_ex* cq) { return exposed_wc(cq).vendor_err; }
+uint32_t read_byte_len(ibv_cq_ex* cq) { return exposed_wc(cq).byte_len; }
+__be32 read_imm_data(ibv_cq_ex* cq) { return exposed_wc(cq).imm_data; }
+uint32_t read_qp_num(ibv_cq_ex* cq) { return exposed_wc(cq).qp_num; }
+uint32_t read_src_qp(ibv_cq_ex* cq) { return exposed_wc(cq).src_qp; }
+unsigned int read_wc_flags(ibv_cq_ex* cq) { return exposed_wc(cq).wc_flags; }
+uint32_t read_slid(ibv_cq_ex* cq) { return exposed_wc(cq).slid; }
+uint8_t read_sl(ibv_cq_ex* cq) { return exposed_wc(cq).sl; }
+uint8_t read_dlid_path_bits(ibv_cq_ex* cq) { return exposed_wc(cq).dlid_path_bits; }
 
 int cq_ex_start_poll(ibv_cq_ex* cq, ibv_poll_cq_attr* attr) {
-  const CqExRecord* record = cq_ex_record(cq);
+  CqExRecord* record = cq_ex_record(cq);
   if (__builtin_expect(record == nullptr, 0)) return EINVAL;
-  const int result = record->original.start_poll(cq, attr);
+  const int result = record->failover != nullptr ? managed_start_poll(cq, *record)
+                                                 : record->original.start_poll(cq, attr);
   if (__builtin_expect(log_enabled(LogLevel::kTrace), 0) && result != ENOENT) {
     log(LogLevel::kTrace, "ibv_start_poll(cq={}) = {} wr_id={:#x} status={}", fmt::ptr(cq), result,
         cq->wr_id, static_cast<int>(cq->status));
@@ -154,9 +217,10 @@ int cq_ex_start_poll(ibv_cq_ex* cq, ibv_poll_cq_attr* attr) {
 }
 
 int cq_ex_next_poll(ibv_cq_ex* cq) {
-  const CqExRecord* record = cq_ex_record(cq);
+  CqExRecord* record = cq_ex_record(cq);
   if (__builtin_expect(record == nullptr, 0)) return EINVAL;
-  const int result = record->original.next_poll(cq);
+  const int result = record->failover != nullptr ? managed_next_poll(cq, *record)
+                                                 : record->original.next_poll(cq);
   if (__builtin_expect(log_enabled(LogLevel::kTrace), 0) && result != ENOENT) {
     log(LogLevel::kTrace, "ibv_next_poll(cq={}) = {} wr_id={:#x} status={}", fmt::ptr(cq), result,
         cq->wr_id, static_cast<int>(cq->status));
@@ -165,12 +229,26 @@ int cq_ex_next_poll(ibv_cq_ex* cq) {
 }
 
 void cq_ex_end_poll(ibv_cq_ex* cq) {
-  const CqExRecord* record = cq_ex_record(cq);
+  CqExRecord* record = cq_ex_record(cq);
   if (__builtin_expect(record == nullptr, 0)) return;
+  if (record->failover != nullptr) return managed_end_poll(*record);
   record->original.end_poll(cq);
 }
 
 }  // namespace
+
+void install_cq_ex_readers(ibv_cq_ex* cq) {
+  cq->read_opcode = read_opcode;
+  cq->read_vendor_err = read_vendor_err;
+  cq->read_byte_len = read_byte_len;
+  cq->read_imm_data = read_imm_data;
+  cq->read_qp_num = read_qp_num;
+  cq->read_src_qp = read_src_qp;
+  cq->read_wc_flags = read_wc_flags;
+  cq->read_slid = read_slid;
+  cq->read_sl = read_sl;
+  cq->read_dlid_path_bits = read_dlid_path_bits;
+}
 
 void install_cq_ex_hooks(ibv_cq_ex* cq) {
   cq->start_poll = cq_ex_start_poll;

@@ -4,6 +4,8 @@
 
 #include <infiniband/verbs.h>
 
+#include <cstdint>
+
 namespace vf::shim::ops {
 
 // ibv_context.ops (reached through the static inline ibv_post_send, ibv_poll_cq...)
@@ -24,6 +26,12 @@ ibv_srq* create_srq_ex(ibv_context* context, ibv_srq_init_attr_ex* attr);
 // ibv_qp_ex and ibv_cq_ex function tables.
 void install_qp_ex_hooks(ibv_qp_ex* qpx, uint64_t send_ops_flags);
 void install_cq_ex_hooks(ibv_cq_ex* cq);
+// The completion fields an ibv_wc carries: an extended CQ asking for no other is managed by the
+// failover engine, and its iterator reads them from the completions polled through it.
+inline constexpr std::uint64_t kFailoverCqExFields =
+    IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM | IBV_WC_EX_WITH_SRC_QP |
+    IBV_WC_EX_WITH_SLID | IBV_WC_EX_WITH_SL | IBV_WC_EX_WITH_DLID_PATH_BITS;
+void install_cq_ex_readers(ibv_cq_ex* cq);
 // After the failover engine took an extended QP: its wr_* batches also go to the ring.
 void install_protected_wr_hooks(ibv_qp_ex* qpx);
 // The ibv_wr_* operations a protected QP may use (the ring replays these; others pass through).

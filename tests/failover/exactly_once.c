@@ -31,7 +31,14 @@
    receives equals the number of receive-consuming messages of both QPs. Which receive a message
    gets (post order across the QPs) is deliberately not checked.
 
-   Usage: exactly_once SCENARIO [--wr-api] [--sig-all] [--split-cq] [--srq] [--timeout-ms N]
+   --cq-ex: every CQ (A's and B's, both of them with --split-cq; A2/B2 use A's/B's) comes from
+   ibv_create_cq_ex and is polled with ibv_start_poll/ibv_next_poll/ibv_end_poll, never with
+   ibv_poll_cq; each completion is rebuilt into a struct ibv_wc from cq->wr_id/status and the
+   ibv_wc_read_* functions for the same checker. A start..end cycle takes at most CQ_EX_BATCH (3)
+   completions and is left early (end_poll without draining): the rest come in the next cycle.
+
+   Usage: exactly_once SCENARIO [--wr-api] [--sig-all] [--split-cq] [--srq] [--cq-ex]
+                                [--timeout-ms N]
           exactly_once selftest      (feeds duplicates/losses/reorders to the checker itself)
    Scenarios: see the table at the end of the file. Output: "PASS ..." and exit 0; "FAIL: ..."
    lines and exit 1; "SETUP: ..." and exit 3 when the cut point could not be established (then
@@ -67,6 +74,11 @@
 #define MAX_RECV_WR 64
 #define MAX_INLINE 128
 #define CQ_SIZE 512
+#define CQ_EX_BATCH 3 /* --cq-ex: completions per start_poll..end_poll cycle, at most */
+#define CQ_EX_WC_FLAGS                                                                      \
+  (IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM |                   \
+   IBV_WC_EX_WITH_SRC_QP | IBV_WC_EX_WITH_SLID | IBV_WC_EX_WITH_SL |                         \
+   IBV_WC_EX_WITH_DLID_PATH_BITS)
 #define SRQ_MAX_WR 256  /* --srq: outstanding receives per SRQ (the scenarios keep < 64) */
 #define STREAM_WARMUP 2 /* --srq: second-pair messages each way in warmup() */
 #define BIG_DELAY 1000000u /* progress steps: "held on the wire until the port dies" */
@@ -211,6 +223,8 @@ struct side {
   struct ibv_mr* mr;
   struct ibv_cq* cq;
   struct ibv_cq* rcq; /* --split-cq: receives complete here; else == cq */
+  struct ibv_cq_ex* cqx;  /* --cq-ex: the extended CQs behind cq and rcq (cq == */
+  struct ibv_cq_ex* rcqx; /* ibv_cq_ex_to_cq(cqx)); NULL otherwise */
   struct ibv_qp* qp;
   struct ibv_qp_ex* qpx; /* --wr-api */
   uint8_t* buf;
@@ -245,6 +259,8 @@ static int g_wr_api = 0;
 static int g_sig_all = 0;  /* --sig-all: QPs with sq_sig_all, every WR completes */
 static int g_split_cq = 0; /* --split-cq: separate send and receive CQs */
 static int g_srq = 0;      /* --srq: SRQs and a second QP pair on them */
+static int g_cq_ex = 0;    /* --cq-ex: CQs from ibv_create_cq_ex, polled with the iterator */
+static long g_cq_ex_cycles = 0, g_cq_ex_left_early = 0; /* --cq-ex: reported at the end */
 
 static uint32_t bump(uint32_t* next, uint32_t len, uint32_t end, const char* what) {
   uint32_t off = *next;
@@ -670,20 +686,76 @@ static struct side* qp_owner(struct side* s, const struct ibv_wc* wc) {
   return s->pair2 && wc->qp_num == s->pair2->qp->qp_num ? s->pair2 : s;
 }
 
+/* One completion polled from `cq` (one of side s's CQs). */
+static void on_polled_wc(struct side* s, struct ibv_cq* cq, const struct ibv_wc* wc) {
+  if (cq != s->rcq && (wc->opcode & IBV_WC_RECV) && wc->status == IBV_WC_SUCCESS)
+    fail("%s: a receive completion on the send CQ: %s", s->name, wc_desc(wc));
+  if (cq != s->cq && !(wc->opcode & IBV_WC_RECV) && wc->status == IBV_WC_SUCCESS)
+    fail("%s: a send completion on the receive CQ: %s", s->name, wc_desc(wc));
+  on_wc(qp_owner(s, wc), wc);
+}
+
+/* --cq-ex: the iterator's current completion as a struct ibv_wc (the fields the CQ was created
+   with, CQ_EX_WC_FLAGS; pkey_index has no reader and stays 0). */
+static void read_wc_ex(struct ibv_cq_ex* cqx, struct ibv_wc* wc) {
+  memset(wc, 0, sizeof *wc);
+  wc->wr_id = cqx->wr_id;
+  wc->status = cqx->status;
+  wc->opcode = ibv_wc_read_opcode(cqx);
+  wc->vendor_err = ibv_wc_read_vendor_err(cqx);
+  wc->byte_len = ibv_wc_read_byte_len(cqx);
+  wc->imm_data = ibv_wc_read_imm_data(cqx);
+  wc->qp_num = ibv_wc_read_qp_num(cqx);
+  wc->src_qp = ibv_wc_read_src_qp(cqx);
+  wc->wc_flags = ibv_wc_read_wc_flags(cqx);
+  wc->slid = (uint16_t)ibv_wc_read_slid(cqx);
+  wc->sl = ibv_wc_read_sl(cqx);
+  wc->dlid_path_bits = ibv_wc_read_dlid_path_bits(cqx);
+}
+
+/* --cq-ex: one start_poll..end_poll cycle on `cqx` (behind s's CQ `cq`). It takes at most
+   CQ_EX_BATCH completions and then leaves the iterator early (end_poll while more may be
+   queued): those must come in a later cycle, none lost, none twice. ENOENT from start_poll: empty
+   (no end_poll then, as the verbs API requires). */
+static int poll_cq_ex(struct side* s, struct ibv_cq* cq, struct ibv_cq_ex* cqx) {
+  struct ibv_poll_cq_attr attr = {.comp_mask = 0};
+  int rc = ibv_start_poll(cqx, &attr);
+  if (rc == ENOENT) return 0;
+  if (rc != 0) {
+    fail("%s: ibv_start_poll returned %d (%s)", s->name, rc, strerror(rc));
+    return 0;
+  }
+  ++g_cq_ex_cycles;
+  int n = 0;
+  for (;;) {
+    struct ibv_wc wc;
+    read_wc_ex(cqx, &wc); /* before next_poll: it moves the iterator */
+    ++n;
+    on_polled_wc(s, cq, &wc);
+    if (n == CQ_EX_BATCH) { /* leave early: the rest is for the next cycle */
+      ++g_cq_ex_left_early;
+      break;
+    }
+    rc = ibv_next_poll(cqx);
+    if (rc == ENOENT) break;
+    if (rc != 0) {
+      fail("%s: ibv_next_poll returned %d (%s)", s->name, rc, strerror(rc));
+      break;
+    }
+  }
+  ibv_end_poll(cqx);
+  return n;
+}
+
 static int poll_cq(struct side* s, struct ibv_cq* cq) {
+  if (g_cq_ex) return poll_cq_ex(s, cq, cq == s->cq ? s->cqx : s->rcqx);
   struct ibv_wc wc[16];
   const int n = ibv_poll_cq(cq, 16, wc);
   if (n < 0) {
     fail("%s: ibv_poll_cq returned %d", s->name, n);
     return 0;
   }
-  for (int i = 0; i < n; ++i) {
-    if (cq != s->rcq && (wc[i].opcode & IBV_WC_RECV) && wc[i].status == IBV_WC_SUCCESS)
-      fail("%s: a receive completion on the send CQ: %s", s->name, wc_desc(&wc[i]));
-    if (cq != s->cq && !(wc[i].opcode & IBV_WC_RECV) && wc[i].status == IBV_WC_SUCCESS)
-      fail("%s: a send completion on the receive CQ: %s", s->name, wc_desc(&wc[i]));
-    on_wc(qp_owner(s, &wc[i]), &wc[i]);
-  }
+  for (int i = 0; i < n; ++i) on_polled_wc(s, cq, &wc[i]);
   return n;
 }
 
@@ -745,6 +817,25 @@ static struct fake_verbs_qp_stats qp_stats(struct side* s) {
 static struct ibv_device** g_devices;
 static void create_qp(struct side* s, const char* want);
 
+/* A CQ of side s: ibv_create_cq, or (--cq-ex) ibv_create_cq_ex with the same cqe count and no
+   completion channel, returned as its ibv_cq (*cqx: the extended CQ, NULL without --cq-ex). */
+static struct ibv_cq* create_cq(struct side* s, struct ibv_cq_ex** cqx, const char* want) {
+  *cqx = NULL;
+  if (!g_cq_ex) {
+    struct ibv_cq* cq = ibv_create_cq(s->ctx, CQ_SIZE, NULL, NULL, 0);
+    if (!cq) setup_fail("ibv_create_cq on %s", want);
+    return cq;
+  }
+  struct ibv_cq_init_attr_ex attr = {.cqe = CQ_SIZE,
+                                     .cq_context = NULL,
+                                     .channel = NULL,
+                                     .comp_vector = 0,
+                                     .wc_flags = CQ_EX_WC_FLAGS};
+  *cqx = ibv_create_cq_ex(s->ctx, &attr);
+  if (!*cqx) setup_fail("ibv_create_cq_ex on %s", want);
+  return ibv_cq_ex_to_cq(*cqx);
+}
+
 static void open_side(struct side* s) {
   int n = 0;
   if (!g_devices) g_devices = ibv_get_device_list(&n);
@@ -763,10 +854,13 @@ static void open_side(struct side* s) {
   s->mr = ibv_reg_mr(s->pd, s->buf, BUF_SIZE,
                      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
   if (!s->mr) setup_fail("ibv_reg_mr");
-  s->cq = ibv_create_cq(s->ctx, CQ_SIZE, NULL, NULL, 0);
-  if (!s->cq) setup_fail("ibv_create_cq");
-  s->rcq = g_split_cq ? ibv_create_cq(s->ctx, CQ_SIZE, NULL, NULL, 0) : s->cq;
-  if (!s->rcq) setup_fail("ibv_create_cq");
+  s->cq = create_cq(s, &s->cqx, want);
+  if (g_split_cq) {
+    s->rcq = create_cq(s, &s->rcqx, want);
+  } else {
+    s->rcq = s->cq;
+    s->rcqx = s->cqx;
+  }
   if (g_srq) {
     struct ibv_srq_init_attr sattr = {.attr = {.max_wr = SRQ_MAX_WR, .max_sge = 1}};
     s->srq = ibv_create_srq(s->pd, &sattr);
@@ -786,6 +880,8 @@ static void open_second(struct side* s, struct side* home) {
   s->mr = home->mr;
   s->cq = home->cq;
   s->rcq = home->rcq;
+  s->cqx = home->cqx;
+  s->rcqx = home->rcqx;
   s->srq = home->srq;
   s->buf = home->buf;
   s->gid = home->gid;
@@ -1577,7 +1673,7 @@ int main(int argc, char** argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   if (argc < 2) {
     fprintf(stderr,
-            "usage: %s SCENARIO|selftest [--wr-api] [--sig-all] [--split-cq] [--srq] "
+            "usage: %s SCENARIO|selftest [--wr-api] [--sig-all] [--split-cq] [--srq] [--cq-ex] "
             "[--timeout-ms N]\n",
             argv[0]);
     return 2;
@@ -1592,6 +1688,8 @@ int main(int argc, char** argv) {
       g_split_cq = 1;
     else if (strcmp(argv[i], "--srq") == 0)
       g_srq = 1;
+    else if (strcmp(argv[i], "--cq-ex") == 0)
+      g_cq_ex = 1;
     else if (strcmp(argv[i], "--timeout-ms") == 0 && i + 1 < argc)
       g_timeout_ms = atoi(argv[++i]);
     else {
@@ -1602,6 +1700,10 @@ int main(int argc, char** argv) {
   if (strcmp(argv[1], "selftest") == 0) {
     if (g_srq) {
       fprintf(stderr, "selftest covers --srq itself\n");
+      return 2;
+    }
+    if (g_cq_ex) {
+      fprintf(stderr, "selftest feeds completions to the checker directly: no CQ to poll\n");
       return 2;
     }
     return selftest();
@@ -1638,6 +1740,9 @@ int main(int argc, char** argv) {
   fv.dev_stats(1, &standby);
   printf("fake1 (A's standby device) carried %llu message(s)\n",
          (unsigned long long)standby.tx_messages);
+  if (g_cq_ex)
+    printf("cq-ex: %ld start_poll..end_poll cycle(s) with completions, %ld ended after %d "
+           "without draining\n", g_cq_ex_cycles, g_cq_ex_left_early, CQ_EX_BATCH);
   if (g_failures) {
     /* The fake's view of every QP of the run (the application's and the shim's standbys), to
        help diagnose a failure. */
@@ -1651,17 +1756,19 @@ int main(int argc, char** argv) {
              (unsigned long long)st.transport_retries,
              (unsigned long long)st.completions_with_error);
     }
-    printf("FAIL: scenario %s%s%s: %d failure(s)\n", sc->name, g_wr_api ? " (ibv_wr_* API)" : "",
-           g_srq ? " (SRQ)" : "", g_failures);
+    printf("FAIL: scenario %s%s%s%s: %d failure(s)\n", sc->name,
+           g_wr_api ? " (ibv_wr_* API)" : "", g_srq ? " (SRQ)" : "",
+           g_cq_ex ? " (extended CQs)" : "", g_failures);
     return 1;
   }
   char pair2[96] = "";
   if (g_srq)
     snprintf(pair2, sizeof pair2, ", A2 %d sends %d msgs, B2 %d sends %d msgs", g_a2.n_sends,
              g_a2.n_msgs, g_b2.n_sends, g_b2.n_msgs);
-  printf("PASS scenario %s%s%s%s%s: A %d sends %d msgs, B %d sends %d msgs%s\n", sc->name,
+  printf("PASS scenario %s%s%s%s%s%s: A %d sends %d msgs, B %d sends %d msgs%s\n", sc->name,
          g_wr_api ? " (ibv_wr_* API)" : "", g_sig_all ? " (sq_sig_all)" : "",
-         g_split_cq ? " (split CQs)" : "", g_srq ? " (SRQ)" : "", g_a.n_sends, g_a.n_msgs,
+         g_split_cq ? " (split CQs)" : "", g_srq ? " (SRQ)" : "",
+         g_cq_ex ? " (extended CQs)" : "", g_a.n_sends, g_a.n_msgs,
          g_b.n_sends, g_b.n_msgs, pair2);
   return 0;
 }
