@@ -275,6 +275,7 @@ std::optional<ControlMessage> read_payload(MessageType type, Reader& reader) {
       value.gid = reader.gid("rearm GID");
       value.psn = reader.psn("rearm PSN");
       value.is_reply = reader.flag("reply flag");
+      value.nonce = reader.u32("rearm nonce");
       return ControlMessage{value};
     }
     case MessageType::kMrQuery:
@@ -334,6 +335,7 @@ void encode_control_message(const ControlMessage& message, std::vector<std::uint
           writer.gid(value.gid);
           writer.u32(value.psn);
           writer.u8(value.is_reply ? 1 : 0);
+          writer.u32(value.nonce);
         } else {
           static_assert(std::is_same_v<T, MrQuery>);
           writer.u32(value.primary_rkey);

@@ -124,6 +124,10 @@ struct Rearm {
   Gid gid{};
   std::uint32_t psn = 0;
   bool is_reply = false;
+  // Numbers the asker's requests for this path; a reply carries its request's. A reply to an
+  // older request (its answer arrived after the asker gave up and asked again) connects to a
+  // QP the answerer has since reset, so it is ignored; so is a request older than one answered.
+  std::uint32_t nonce = 0;
   bool operator==(const Rearm&) const = default;
 };
 
@@ -139,7 +143,7 @@ using ControlMessage = std::variant<PairRequest, PairReply, MrUpdate, FailoverRe
                                     Hello, PairRefused, Rearm, MrQuery>;
 
 inline constexpr std::uint32_t kControlMagic = 0x4D434656;  // "VFCM" little-endian
-inline constexpr std::uint16_t kControlVersion = 3;
+inline constexpr std::uint16_t kControlVersion = 4;
 inline constexpr std::size_t kControlHeaderSize = 12;       // magic, version, type, length
 inline constexpr std::size_t kMaxControlPayload = 64 * 1024;
 inline constexpr std::size_t kMaxRegistrationsPerMessage = 2048;

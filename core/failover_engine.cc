@@ -94,6 +94,11 @@ struct MrRecord {
   int device = -1;         // the application's device
   ibv_mr* shadow = nullptr;
   std::uint32_t value = 0;  // registry payload: the shadow lkey (lkey table) or rkey (rkey table)
+  // What it was registered with (ibv_rereg_mr changes some of it).
+  std::uint64_t iova = 0;
+  unsigned int access = 0;
+  int dmabuf_fd = -1;
+  std::uint64_t dmabuf_offset = 0;
 };
 
 struct KeyTranslation {
@@ -135,6 +140,8 @@ struct Rearm {
   bool needed = false;
   bool awaiting = false;
   std::uint64_t sent_ns = 0;
+  std::uint32_t nonce = 0;           // of our latest request (asker)
+  std::uint32_t answered_nonce = 0;  // of the latest request we answered (answerer)
 };
 
 struct QpAttrs {  // what the application gave its QP, to re-connect the primary later
@@ -1371,9 +1378,10 @@ void answer_failover(Protection& p, std::uint64_t delivered) {
 
 // ------------------------------------------------------------------ re-arming a path
 
-void send_rearm(Protection& p, int path, bool is_reply) {
+void send_rearm(Protection& p, int path, bool is_reply, std::uint32_t nonce) {
   VirtualQp& v = *p.qp;
   vf::Rearm message;
+  message.nonce = nonce;
   message.local = p.local;
   message.remote = p.remote;
   message.path = static_cast<std::uint8_t>(path);
@@ -1398,7 +1406,8 @@ void path_restored(Protection& p, int path, bool may_fail_back) {
   VirtualQp& v = *p.qp;
   v.path[path].connected = true;
   v.path[path].failed = false;
-  p.rearm[path] = {};
+  // Done; the numbering of requests goes on (a later re-arm must not look older).
+  p.rearm[path] = Rearm{.nonce = p.rearm[path].nonce, .answered_nonce = p.rearm[path].answered_nonce};
   if (!p.unprotected_reason.empty() && p.paired) {
     VF_LOG_INFO("qp {}: protected again — the {} path is re-connected", v.vqpn, path_name(path));
     p.unprotected_reason.clear();
@@ -1425,7 +1434,10 @@ void handle_rearm(const vf::Rearm& message) {
   const int path = message.path;
   PhysicalPath& physical = v.path[path];
   if (message.is_reply) {
-    if (!p->rearm[path].awaiting) return;
+    if (!p->rearm[path].awaiting || message.nonce != p->rearm[path].nonce) {
+      VF_LOG_DEBUG("qp {}: stale re-arm reply for the {} path ignored", v.vqpn, path_name(path));
+      return;
+    }
     if (connect_path(*p, path, message.qpn, message.gid, message.psn)) {
       path_restored(*p, path, true);
     } else {
@@ -1436,6 +1448,7 @@ void handle_rearm(const vf::Rearm& message) {
   // A request: ours too if our port is up and the path is idle.
   if (v.active_path() == path || p->sw.in_progress) return;
   if (!port_active(physical.device_index, physical.port)) return;
+  if (message.nonce <= p->rearm[path].answered_nonce) return;  // an older request, overtaken
   p->rearm[path].awaiting = false;
   physical.psn = random_psn();
   if (!reset_path(*p, path) ||
@@ -1443,7 +1456,8 @@ void handle_rearm(const vf::Rearm& message) {
     VF_LOG_WARN("qp {}: re-connecting the {} path failed", v.vqpn, path_name(path));
     return;
   }
-  send_rearm(*p, path, true);
+  p->rearm[path].answered_nonce = message.nonce;
+  send_rearm(*p, path, true, message.nonce);
   path_restored(*p, path, false);
 }
 
@@ -1470,7 +1484,7 @@ void maybe_rearm(Protection& p, int path) {
   }
   rearm.awaiting = true;
   rearm.sent_ns = now;
-  send_rearm(p, path, false);
+  send_rearm(p, path, false, ++rearm.nonce);
 }
 
 // ------------------------------------------------------------------ events
@@ -1889,6 +1903,28 @@ void queue_mr_update(int device, const MrTranslation& translation) {
   }
 }
 
+// A mirrored registration's translations: this process's own tables, and its peers (those
+// pairing later get the table in the pairing), from the engine's thread.
+void publish_mirror(const MrRecord& record) {
+  const ibv_mr* mr = record.app_mr;
+  put_key(lkeys(), lkey_key(record.device, mr->lkey), record.shadow->lkey);
+  // For QPs of this process connected to this device.
+  put_key(rkeys(), rkey_key(local_peer_index(record.device), mr->rkey), record.shadow->rkey);
+  queue_mr_update(record.device, MrTranslation{reinterpret_cast<std::uintptr_t>(mr->addr),
+                                               mr->length, mr->rkey, record.shadow->rkey});
+  wake_engine();
+}
+
+// The reverse, for the keys the registration had: translations withdrawn, the shadow gone.
+void forget_mirror(MrRecord& record, std::uint32_t lkey, std::uint32_t rkey) {
+  erase_key(lkeys(), lkey_key(record.device, lkey));
+  queue_mr_update(record.device, MrTranslation{0, 0, rkey, 0});
+  erase_key(rkeys(), rkey_key(local_peer_index(record.device), rkey));
+  wake_engine();
+  if (record.shadow != nullptr) engine().verbs.dereg_mr(record.shadow);
+  record.shadow = nullptr;
+}
+
 void flush_outbox() {
   Engine& e = engine();
   auto outbox = std::move(e.outbox);
@@ -1965,6 +2001,24 @@ void FailoverEngine::on_cq_destroy(ibv_cq* cq) {
   // hold it (CQ destruction is rare; the few bytes are not worth a use-after-free).
   it->second.release();
   e.cqs.erase(it);
+}
+
+void FailoverEngine::on_cq_resized(ibv_cq* cq) {
+  Engine& e = engine();
+  std::lock_guard lock(e.mutex);
+  auto it = e.cqs.find(cq);
+  if (it == e.cqs.end()) return;
+  CqState& state = *it->second;
+  // The shadow must hold as many completions as the application's CQ now does, and the stash
+  // twice as many (what a switch drains into it).
+  if (state.shadow != nullptr && e.verbs.resize_cq != nullptr &&
+      e.verbs.resize_cq(state.shadow, cq->cqe) != 0) {
+    VF_LOG_WARN("cq {}: resizing its shadow to {} failed; a switch may overflow it",
+                static_cast<const void*>(cq), cq->cqe);
+  }
+  state.lock.lock();
+  state.stash.grow(static_cast<std::uint32_t>(2 * cq->cqe + 64));
+  state.lock.unlock();
 }
 
 void FailoverEngine::on_pd_destroy(ibv_pd* pd) {
@@ -2357,17 +2411,42 @@ void FailoverEngine::on_mr_registered(ibv_mr* mr, void* addr, std::size_t length
   auto record = std::make_unique<MrRecord>();
   record->app_mr = mr;
   record->device = device;
+  record->iova = iova;
+  record->access = access;
+  record->dmabuf_fd = dmabuf_fd;
+  record->dmabuf_offset = dmabuf_offset;
   if (!mirror_mr(*record, mr->pd, addr, length, iova, access, dmabuf_fd, dmabuf_offset)) return;
-  put_key(lkeys(), lkey_key(device, mr->lkey), record->shadow->lkey);
-  // For QPs of this process connected to this device.
-  put_key(rkeys(), rkey_key(local_peer_index(device), mr->rkey), record->shadow->rkey);
-  const MrTranslation translation{reinterpret_cast<std::uintptr_t>(addr), length, mr->rkey,
-                                  record->shadow->rkey};
+  publish_mirror(*record);
   e.mrs[mr] = std::move(record);
-  // Peers already paired on this device learn it (those pairing later get the table in the
-  // pairing), from the engine's thread.
-  queue_mr_update(device, translation);
-  wake_engine();
+}
+
+void FailoverEngine::on_mr_reregistered(ibv_mr* mr, int flags, std::uint32_t old_lkey,
+                                        std::uint32_t old_rkey, int access) {
+  Engine& e = engine();
+  std::lock_guard lock(e.mutex);
+  auto it = e.mrs.find(mr);
+  if (it == e.mrs.end()) return;
+  MrRecord& record = *it->second;
+  // The old keys and the old mirror go (as for a deregistration)...
+  forget_mirror(record, old_lkey, old_rkey);
+  // ...and the registration as it is now is mirrored again: the provider updated the MR's
+  // pd/addr/length; a new translation has no iova of its own (it is the address).
+  if (flags & IBV_REREG_MR_CHANGE_ACCESS) record.access = static_cast<unsigned int>(access);
+  if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+    record.iova = reinterpret_cast<std::uintptr_t>(mr->addr);
+    if (record.dmabuf_fd >= 0) {
+      VF_LOG_WARN("failover: a dma-buf registration moved (ibv_rereg_mr); it is no longer "
+                  "mirrored, requests using it cannot be replayed on the standby");
+      e.mrs.erase(it);
+      return;
+    }
+  }
+  if (!mirror_mr(record, mr->pd, mr->addr, mr->length, record.iova, record.access,
+                 record.dmabuf_fd, record.dmabuf_offset)) {
+    e.mrs.erase(it);
+    return;
+  }
+  publish_mirror(record);
 }
 
 void FailoverEngine::on_mr_deregister(ibv_mr* mr) {
@@ -2375,11 +2454,7 @@ void FailoverEngine::on_mr_deregister(ibv_mr* mr) {
   std::lock_guard lock(e.mutex);
   auto it = e.mrs.find(mr);
   if (it == e.mrs.end()) return;
-  erase_key(lkeys(), lkey_key(it->second->device, mr->lkey));
-  queue_mr_update(it->second->device, MrTranslation{0, 0, mr->rkey, 0});
-  erase_key(rkeys(), rkey_key(local_peer_index(it->second->device), mr->rkey));
-  wake_engine();
-  if (it->second->shadow != nullptr) e.verbs.dereg_mr(it->second->shadow);
+  forget_mirror(*it->second, mr->lkey, mr->rkey);
   e.mrs.erase(it);
 }
 

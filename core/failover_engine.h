@@ -31,6 +31,7 @@ class FailoverEngine {
   void on_cq_created(ibv_cq* cq, ibv_comp_channel* channel);
   // Before the provider destroys the CQ (its shadow goes first).
   void on_cq_destroy(ibv_cq* cq);
+  void on_cq_resized(ibv_cq* cq);  // after a successful ibv_resize_cq
   void on_pd_destroy(ibv_pd* pd);
   // A basic SRQ the application created (its QPs are protected with it), resized, destroyed.
   void on_srq_created(ibv_srq* srq, ibv_pd* pd);
@@ -48,6 +49,9 @@ class FailoverEngine {
   void on_mr_registered(ibv_mr* mr, void* addr, std::size_t length, std::uint64_t iova,
                         unsigned int access, int dmabuf_fd, std::uint64_t dmabuf_offset);
   void on_mr_deregister(ibv_mr* mr);  // before the provider deregisters it
+  // After a successful ibv_rereg_mr (the MR's fields are the new ones; its old keys given).
+  void on_mr_reregistered(ibv_mr* mr, int flags, std::uint32_t old_lkey, std::uint32_t old_rkey,
+                          int access);
   // Whether an async event the application is about to get must be hidden (a protected port's
   // PORT_ERR/PORT_ACTIVE, a protected QP's fatal events). Counted.
   bool hide_async_event(ibv_context* context, const ibv_async_event& event);

@@ -25,6 +25,7 @@ struct VerbsApi {
   ibv_cq* (*create_cq)(ibv_context* context, int cqe, void* cq_context,
                        ibv_comp_channel* channel, int comp_vector) = nullptr;
   int (*destroy_cq)(ibv_cq* cq) = nullptr;
+  int (*resize_cq)(ibv_cq* cq, int cqe) = nullptr;
   int (*get_cq_event)(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context) = nullptr;
   void (*ack_cq_events)(ibv_cq* cq, unsigned int nevents) = nullptr;
   ibv_qp* (*create_qp)(ibv_pd* pd, ibv_qp_init_attr* attr) = nullptr;

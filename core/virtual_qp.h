@@ -54,6 +54,14 @@ class CompletionStash {
   }
   std::size_t size() const { return count_; }
   std::size_t room() const { return slots_.size() - count_; }
+  // Engine (the CQ was resized): more room, the held completions kept in order.
+  void grow(std::size_t capacity) {
+    if (capacity <= slots_.size()) return;
+    std::vector<ibv_wc> bigger(capacity);
+    for (std::size_t i = 0; i < count_; ++i) bigger[i] = slots_[(head_ + i) % slots_.size()];
+    slots_.swap(bigger);
+    head_ = 0;
+  }
 
  private:
   std::vector<ibv_wc> slots_;

@@ -56,6 +56,7 @@ void configure_failover(const Config& config) {
   verbs.destroy_comp_channel = real.ibv_destroy_comp_channel;
   verbs.create_cq = real.ibv_create_cq;
   verbs.destroy_cq = real.ibv_destroy_cq;
+  verbs.resize_cq = real.ibv_resize_cq;
   verbs.get_cq_event = real.ibv_get_cq_event;
   verbs.ack_cq_events = real.ibv_ack_cq_events;
   verbs.create_qp = real.ibv_create_qp;

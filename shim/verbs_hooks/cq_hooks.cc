@@ -71,7 +71,13 @@ VF_EXPORT ibv_cq* ibv_create_cq(ibv_context* context, int cqe, void* cq_context,
 
 VF_EXPORT int ibv_resize_cq(ibv_cq* cq, int cqe) {
   return intercept("ibv_resize_cq", VF_ARGS("{} new_cqe={}", describe_cq(cq), cqe),
-                   [&] { return real_verbs().ibv_resize_cq(cq, cqe); });
+                   [&] {
+                     const int result = real_verbs().ibv_resize_cq(cq, cqe);
+                     if (result == 0 && vf::shim::shim_active()) {
+                       vf::FailoverEngine::instance().on_cq_resized(cq);
+                     }
+                     return result;
+                   });
 }
 
 VF_EXPORT int ibv_destroy_cq(ibv_cq* cq) {

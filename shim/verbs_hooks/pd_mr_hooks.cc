@@ -110,7 +110,17 @@ VF_EXPORT int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, size_t
   return intercept("ibv_rereg_mr",
                    VF_ARGS("{} flags={:#x} pd={} addr={} len={} access={:#x}", describe_mr(mr),
                            flags, fmt::ptr(pd), addr, length, access),
-                   [&] { return real_verbs().ibv_rereg_mr(mr, flags, pd, addr, length, access); });
+                   [&] {
+                     const std::uint32_t old_lkey = mr != nullptr ? mr->lkey : 0;
+                     const std::uint32_t old_rkey = mr != nullptr ? mr->rkey : 0;
+                     const int result = real_verbs().ibv_rereg_mr(mr, flags, pd, addr, length,
+                                                                  access);
+                     if (result == 0 && vf::shim::shim_active()) {
+                       vf::FailoverEngine::instance().on_mr_reregistered(mr, flags, old_lkey,
+                                                                         old_rkey, access);
+                     }
+                     return result;
+                   });
 }
 
 VF_EXPORT int ibv_dereg_mr(ibv_mr* mr) {

@@ -47,6 +47,7 @@ vf::Rearm sample_rearm() {
   rearm.gid = gid_of(4);
   rearm.psn = 0x123456;
   rearm.is_reply = true;
+  rearm.nonce = 0xA1B2C3D4;
   return rearm;
 }
 
@@ -127,13 +128,13 @@ TEST_CASE("malformed messages are rejected with a precise reason") {
   }
   SECTION("future protocol version") {
     auto bytes = good;
-    bytes[4] = 4;
-    CHECK(decode(bytes).error == "protocol version 4 is not supported (this shim speaks 3)");
+    bytes[4] = 5;
+    CHECK(decode(bytes).error == "protocol version 5 is not supported (this shim speaks 4)");
   }
   SECTION("the previous protocol version") {
     auto bytes = good;
-    bytes[4] = 2;
-    CHECK(decode(bytes).error == "protocol version 2 is not supported (this shim speaks 3)");
+    bytes[4] = 3;
+    CHECK(decode(bytes).error == "protocol version 3 is not supported (this shim speaks 4)");
   }
   SECTION("unknown type") {
     auto bytes = good;
@@ -278,7 +279,7 @@ TEST_CASE("malformed messages of the version-2 types are rejected with a precise
   }
   SECTION("rearm: reply flag must be exactly 0 or 1") {
     auto bytes = encode(sample_rearm());
-    bytes.back() = 2;
+    bytes[bytes.size() - 1 - 4] = 2;  // the flag, before the nonce
     CHECK(decode(bytes).error ==
           "malformed message of type 8: reply flag 2 is not a boolean (0 or 1)");
   }
