@@ -37,8 +37,20 @@
    ibv_wc_read_* functions for the same checker. A start..end cycle takes at most CQ_EX_BATCH (3)
    completions and is left early (end_poll without draining): the rest come in the next cycle.
 
-   Usage: exactly_once SCENARIO [--wr-api] [--sig-all] [--split-cq] [--srq] [--cq-ex]
-                                [--timeout-ms N]
+   --rereg: each side allocates a second buffer; after the MRs are registered and the QPs
+   connected, before any traffic, its MR is moved there with ibv_rereg_mr(CHANGE_TRANSLATION |
+   CHANGE_ACCESS, same access flags). From then on everything (sources, targets, receive slots,
+   memory checks, the rkey each side gives the other) uses the second buffer and the MR's new
+   keys (the fake always hands out new ones). The first buffer holds a poison pattern that must be
+   intact at the end (check_poison): a request replayed through a stale, pre-rereg shadow
+   registration would land there (or read from there: then the peer's target is wrong).
+
+   --resize-cq: every CQ is created with CQ_INITIAL (16) entries and, before any traffic, grown
+   with ibv_resize_cq to CQ_SIZE; the scenario then runs unchanged (full_sq keeps 64 send WRs
+   outstanding: a shadow CQ left at 16 entries on the backup device overflows).
+
+   Usage: exactly_once SCENARIO [--wr-api] [--sig-all] [--split-cq] [--srq] [--cq-ex] [--rereg]
+                                [--resize-cq] [--timeout-ms N]
           exactly_once selftest      (feeds duplicates/losses/reorders to the checker itself)
    Scenarios: see the table at the end of the file. Output: "PASS ..." and exit 0; "FAIL: ..."
    lines and exit 1; "SETUP: ..." and exit 3 when the cut point could not be established (then
@@ -74,6 +86,9 @@
 #define MAX_RECV_WR 64
 #define MAX_INLINE 128
 #define CQ_SIZE 512
+#define CQ_INITIAL 16 /* --resize-cq: cqe at creation, before ibv_resize_cq to CQ_SIZE */
+#define MR_ACCESS (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)
+#define POISON_SEED 0x9015u /* --rereg: the first buffer's pattern (+ device index) */
 #define CQ_EX_BATCH 3 /* --cq-ex: completions per start_poll..end_poll cycle, at most */
 #define CQ_EX_WC_FLAGS                                                                      \
   (IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM |                   \
@@ -221,6 +236,8 @@ struct side {
   struct ibv_context* ctx;
   struct ibv_pd* pd;
   struct ibv_mr* mr;
+  uint32_t peer_rkey; /* the rkey the peer gave this side (after --rereg: the new one) */
+  uint8_t* buf_old;   /* --rereg: the buffer the MR was moved away from (poisoned); else NULL */
   struct ibv_cq* cq;
   struct ibv_cq* rcq; /* --split-cq: receives complete here; else == cq */
   struct ibv_cq_ex* cqx;  /* --cq-ex: the extended CQs behind cq and rcq (cq == */
@@ -260,6 +277,8 @@ static int g_sig_all = 0;  /* --sig-all: QPs with sq_sig_all, every WR completes
 static int g_split_cq = 0; /* --split-cq: separate send and receive CQs */
 static int g_srq = 0;      /* --srq: SRQs and a second QP pair on them */
 static int g_cq_ex = 0;    /* --cq-ex: CQs from ibv_create_cq_ex, polled with the iterator */
+static int g_rereg = 0;    /* --rereg: MRs moved to a second buffer (ibv_rereg_mr) before traffic */
+static int g_resize_cq = 0; /* --resize-cq: CQs created small, ibv_resize_cq'd before traffic */
 static long g_cq_ex_cycles = 0, g_cq_ex_left_early = 0; /* --cq-ex: reported at the end */
 
 static uint32_t bump(uint32_t* next, uint32_t len, uint32_t end, const char* what) {
@@ -347,7 +366,7 @@ static uint64_t post_op_seed(struct side* s, enum ibv_wr_opcode op, uint32_t len
   wr->num_sge = len ? 1 : 0;
   if (op != IBV_WR_SEND && op != IBV_WR_SEND_WITH_IMM) {
     wr->wr.rdma.remote_addr = (uintptr_t)(peer->buf + tgt);
-    wr->wr.rdma.rkey = peer->mr->rkey;
+    wr->wr.rdma.rkey = s->peer_rkey;
   }
   if (!s->batching) flush(s);
   return wr_id;
@@ -818,15 +837,17 @@ static struct ibv_device** g_devices;
 static void create_qp(struct side* s, const char* want);
 
 /* A CQ of side s: ibv_create_cq, or (--cq-ex) ibv_create_cq_ex with the same cqe count and no
-   completion channel, returned as its ibv_cq (*cqx: the extended CQ, NULL without --cq-ex). */
+   completion channel, returned as its ibv_cq (*cqx: the extended CQ, NULL without --cq-ex).
+   CQ_SIZE entries, or (--resize-cq) CQ_INITIAL until resize_cqs() grows it. */
 static struct ibv_cq* create_cq(struct side* s, struct ibv_cq_ex** cqx, const char* want) {
+  const int cqe = g_resize_cq ? CQ_INITIAL : CQ_SIZE;
   *cqx = NULL;
   if (!g_cq_ex) {
-    struct ibv_cq* cq = ibv_create_cq(s->ctx, CQ_SIZE, NULL, NULL, 0);
+    struct ibv_cq* cq = ibv_create_cq(s->ctx, cqe, NULL, NULL, 0);
     if (!cq) setup_fail("ibv_create_cq on %s", want);
     return cq;
   }
-  struct ibv_cq_init_attr_ex attr = {.cqe = CQ_SIZE,
+  struct ibv_cq_init_attr_ex attr = {.cqe = (uint32_t)cqe,
                                      .cq_context = NULL,
                                      .channel = NULL,
                                      .comp_vector = 0,
@@ -850,9 +871,11 @@ static void open_side(struct side* s) {
   s->pd = ibv_alloc_pd(s->ctx);
   if (!s->pd) setup_fail("ibv_alloc_pd");
   if (posix_memalign((void**)&s->buf, 4096, BUF_SIZE) != 0) setup_fail("memory");
-  memset(s->buf, 0, BUF_SIZE);
-  s->mr = ibv_reg_mr(s->pd, s->buf, BUF_SIZE,
-                     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+  if (g_rereg) /* this buffer is left behind by rereg_side() before any traffic */
+    fill_pattern(s->buf, BUF_SIZE, POISON_SEED + (uint32_t)s->dev_index);
+  else
+    memset(s->buf, 0, BUF_SIZE);
+  s->mr = ibv_reg_mr(s->pd, s->buf, BUF_SIZE, MR_ACCESS);
   if (!s->mr) setup_fail("ibv_reg_mr");
   s->cq = create_cq(s, &s->cqx, want);
   if (g_split_cq) {
@@ -927,14 +950,66 @@ static void create_qp(struct side* s, const char* want) {
   s->cap = init.cap;
 }
 
+/* --resize-cq: the side's CQs (created with CQ_INITIAL entries, the QPs already on them) grow
+   to CQ_SIZE. */
+static void resize_cqs(struct side* s) {
+  struct ibv_cq* cqs[2] = {s->cq, s->rcq != s->cq ? s->rcq : NULL};
+  for (int i = 0; i < 2; ++i) {
+    struct ibv_cq* cq = cqs[i];
+    if (!cq) continue;
+    const int before = cq->cqe;
+    const int rc = ibv_resize_cq(cq, CQ_SIZE);
+    if (rc != 0) {
+      errno = rc;
+      setup_fail("%s: ibv_resize_cq(%d -> %d) returned %d", s->name, before, CQ_SIZE, rc);
+    }
+    if (cq->cqe < (int)CQ_SIZE)
+      fail("%s: after ibv_resize_cq(%d) the CQ reports cqe=%d", s->name, CQ_SIZE, cq->cqe);
+    printf("resize-cq: %s's %s CQ %d -> %d entries\n", s->name,
+           cqs[1] ? (i == 0 ? "send" : "receive") : "shared", before, cq->cqe);
+  }
+}
+
+/* --rereg: the side's MR moves to a second buffer of the same size (same access flags), before
+   any traffic; its first buffer keeps the poison open_side() put there (check_poison). */
+static void rereg_side(struct side* s) {
+  uint8_t* buf2 = NULL;
+  if (posix_memalign((void**)&buf2, 4096, BUF_SIZE) != 0) setup_fail("memory");
+  memset(buf2, 0, BUF_SIZE);
+  const uint32_t lkey = s->mr->lkey, rkey = s->mr->rkey;
+  const int rc = ibv_rereg_mr(s->mr, IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_ACCESS,
+                              NULL, buf2, BUF_SIZE, MR_ACCESS);
+  if (rc != 0) setup_fail("%s: ibv_rereg_mr onto the second buffer returned %d", s->name, rc);
+  if (s->mr->addr != buf2 || s->mr->length != BUF_SIZE)
+    fail("%s: after ibv_rereg_mr the MR says addr=%p length=%zu, expected %p and %u", s->name,
+         s->mr->addr, s->mr->length, (void*)buf2, BUF_SIZE);
+  if (s->mr->lkey == lkey || s->mr->rkey == rkey)
+    setup_fail("%s: ibv_rereg_mr kept the keys (lkey %#x, rkey %#x): the fake hands out new ones, "
+               "without them a stale key would go unnoticed", s->name, lkey, rkey);
+  printf("rereg: %s's MR moved to its second buffer, lkey %#x -> %#x, rkey %#x -> %#x\n",
+         s->name, lkey, s->mr->lkey, rkey, s->mr->rkey);
+  s->buf_old = s->buf;
+  s->buf = buf2;
+  if (s->pair2) s->pair2->buf = buf2; /* --srq: A2/B2 share the side's MR and buffer */
+}
+
+/* --rereg, at the end: the first buffer holds nothing but its poison. */
+static void check_poison(const struct side* s) {
+  if (!s->buf_old) return;
+  const long bad = check_pattern(s->buf_old, BUF_SIZE, POISON_SEED + (uint32_t)s->dev_index);
+  if (bad >= 0)
+    fail("%s: the buffer its MR was moved away from (ibv_rereg_mr) was written at offset %#lx "
+         "(0x%02x): a request went through a stale, pre-rereg registration", s->name,
+         (unsigned long)bad, s->buf_old[bad]);
+}
+
 static void setup(int recvs_a, int recvs_b) {
   fv.reset();
   open_side(&g_a);
   open_side(&g_b);
   g_a.peer = &g_b;
   g_b.peer = &g_a;
-  const unsigned int access =
-      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+  const unsigned int access = MR_ACCESS;
   int step = vf_test_rc_connect(g_a.qp, g_b.qp->qp_num, g_b.gid, 1, access);
   if (step) setup_fail("connecting A failed at step %d", step);
   step = vf_test_rc_connect(g_b.qp, g_a.qp->qp_num, g_a.gid, 1, access);
@@ -950,6 +1025,22 @@ static void setup(int recvs_a, int recvs_b) {
     step = vf_test_rc_connect(g_b2.qp, g_a2.qp->qp_num, g_a2.gid, 1, access);
     if (step) setup_fail("connecting B2 failed at step %d", step);
     printf("QPN A2=%u B2=%u\n", g_a2.qp->qp_num, g_b2.qp->qp_num);
+  }
+  /* Connected, no traffic yet: the options that change resources in place do it now. */
+  if (g_resize_cq) {
+    resize_cqs(&g_a);
+    resize_cqs(&g_b);
+  }
+  if (g_rereg) {
+    rereg_side(&g_a);
+    rereg_side(&g_b);
+  }
+  /* The rkeys each side gives the other (the MRs' current ones). */
+  g_a.peer_rkey = g_b.mr->rkey;
+  g_b.peer_rkey = g_a.mr->rkey;
+  if (g_srq) {
+    g_a2.peer_rkey = g_b.mr->rkey;
+    g_b2.peer_rkey = g_a.mr->rkey;
   }
   post_recvs(&g_a, recvs_a);
   post_recvs(&g_b, recvs_b);
@@ -1174,7 +1265,7 @@ static int expect_sq_full(struct side* s) {
   struct ibv_send_wr wr = {.wr_id = 0xdeadull, .sg_list = &sge, .num_sge = 1,
                            .opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED};
   wr.wr.rdma.remote_addr = (uintptr_t)s->peer->buf + TGT_END - 64;
-  wr.wr.rdma.rkey = s->peer->mr->rkey;
+  wr.wr.rdma.rkey = s->peer_rkey;
   struct ibv_send_wr* bad = NULL;
   return ibv_post_send(s->qp, &wr, &bad);
 }
@@ -1250,10 +1341,20 @@ static void scenario_failback_in_flight(void) {
   if (wait_for(all_done, POLL_BOTH, "the WRs in flight on the standby at the failback") != 0)
     return;
   fv.set_delay(1, 0);
-  /* Rounds until the primary carries traffic again (the failback is the shim's to time). */
+  /* Rounds until the primary carries traffic again (the failback is the shim's to time, on its
+     own thread). Each round consumes a receive on each side, so rounds are spread over the time
+     bound (a round costs microseconds; a busy machine may not run the shim's thread for
+     milliseconds): between rounds the fake makes progress and this thread yields. */
   const long long deadline = now_ms() + g_timeout_ms;
+  const long long spacing_ms = g_timeout_ms / 40;
   struct fake_verbs_device_stats now;
-  for (;;) {
+  for (int round = 0;; ++round) {
+    for (const long long next = now_ms() + (round > 0 ? spacing_ms : 0); now_ms() < next;) {
+      fv.progress();
+      fv.dev_stats(0, &now);
+      if (now.tx_messages > f0.tx_messages) break;
+      sched_yield();
+    }
     post_op(&g_a, IBV_WR_SEND_WITH_IMM, 16, SIG, 0xfb10);
     post_op(&g_b, IBV_WR_RDMA_WRITE_WITH_IMM, 16, SIG, 0xfb11);
     if (wait_for(all_done, POLL_BOTH, "traffic after the port came back") != 0) return;
@@ -1674,7 +1775,7 @@ int main(int argc, char** argv) {
   if (argc < 2) {
     fprintf(stderr,
             "usage: %s SCENARIO|selftest [--wr-api] [--sig-all] [--split-cq] [--srq] [--cq-ex] "
-            "[--timeout-ms N]\n",
+            "[--rereg] [--resize-cq] [--timeout-ms N]\n",
             argv[0]);
     return 2;
   }
@@ -1690,6 +1791,10 @@ int main(int argc, char** argv) {
       g_srq = 1;
     else if (strcmp(argv[i], "--cq-ex") == 0)
       g_cq_ex = 1;
+    else if (strcmp(argv[i], "--rereg") == 0)
+      g_rereg = 1;
+    else if (strcmp(argv[i], "--resize-cq") == 0)
+      g_resize_cq = 1;
     else if (strcmp(argv[i], "--timeout-ms") == 0 && i + 1 < argc)
       g_timeout_ms = atoi(argv[++i]);
     else {
@@ -1702,8 +1807,8 @@ int main(int argc, char** argv) {
       fprintf(stderr, "selftest covers --srq itself\n");
       return 2;
     }
-    if (g_cq_ex) {
-      fprintf(stderr, "selftest feeds completions to the checker directly: no CQ to poll\n");
+    if (g_cq_ex || g_rereg || g_resize_cq) {
+      fprintf(stderr, "selftest feeds completions to the checker directly: no CQ, no MR\n");
       return 2;
     }
     return selftest();
@@ -1728,6 +1833,8 @@ int main(int argc, char** argv) {
   if (g_failures == 0) after_round();
   if (g_failures == 0) quiet_window();
   check_memory();
+  check_poison(&g_a);
+  check_poison(&g_b);
   check_qp_and_events(&g_a);
   check_qp_and_events(&g_b);
   if (g_srq) {
@@ -1756,19 +1863,21 @@ int main(int argc, char** argv) {
              (unsigned long long)st.transport_retries,
              (unsigned long long)st.completions_with_error);
     }
-    printf("FAIL: scenario %s%s%s%s: %d failure(s)\n", sc->name,
+    printf("FAIL: scenario %s%s%s%s%s%s: %d failure(s)\n", sc->name,
            g_wr_api ? " (ibv_wr_* API)" : "", g_srq ? " (SRQ)" : "",
-           g_cq_ex ? " (extended CQs)" : "", g_failures);
+           g_cq_ex ? " (extended CQs)" : "", g_rereg ? " (MRs re-registered)" : "",
+           g_resize_cq ? " (CQs resized)" : "", g_failures);
     return 1;
   }
   char pair2[96] = "";
   if (g_srq)
     snprintf(pair2, sizeof pair2, ", A2 %d sends %d msgs, B2 %d sends %d msgs", g_a2.n_sends,
              g_a2.n_msgs, g_b2.n_sends, g_b2.n_msgs);
-  printf("PASS scenario %s%s%s%s%s%s: A %d sends %d msgs, B %d sends %d msgs%s\n", sc->name,
+  printf("PASS scenario %s%s%s%s%s%s%s%s: A %d sends %d msgs, B %d sends %d msgs%s\n", sc->name,
          g_wr_api ? " (ibv_wr_* API)" : "", g_sig_all ? " (sq_sig_all)" : "",
          g_split_cq ? " (split CQs)" : "", g_srq ? " (SRQ)" : "",
-         g_cq_ex ? " (extended CQs)" : "", g_a.n_sends, g_a.n_msgs,
+         g_cq_ex ? " (extended CQs)" : "", g_rereg ? " (MRs re-registered)" : "",
+         g_resize_cq ? " (CQs resized)" : "", g_a.n_sends, g_a.n_msgs,
          g_b.n_sends, g_b.n_msgs, pair2);
   return 0;
 }

@@ -134,8 +134,18 @@ FAKE_EXPORT int ibv_destroy_cq(ibv_cq* ibcq) {
   return 0;
 }
 
-FAKE_EXPORT int ibv_resize_cq(ibv_cq*, int) {
-  return EOPNOTSUPP;
+// ibv_resize_cq: grows or shrinks the CQ to exactly `cqe` (cq->cqe updated, like create's
+// "exactly what was asked"). EINVAL, nothing changed, if cqe < 1, cqe > the device's max_cqe, or
+// fewer than the completions currently queued (they are kept, in order). A CQ that already
+// overflowed stays broken. Not a progress step.
+FAKE_EXPORT int ibv_resize_cq(ibv_cq* ibcq, int cqe) {
+  auto lock = fabric_lock();
+  Cq* cq = to_cq(ibcq);
+  if (cqe < 1 || cqe > kMaxCqe || size_t(cqe) < cq->entries.size()) return EINVAL;
+  fake_log("ibv_resize_cq: %d -> %d entries (%zu queued)", cq->capacity, cqe, cq->entries.size());
+  cq->capacity = cqe;
+  ibcq->cqe = cqe;
+  return 0;
 }
 
 FAKE_EXPORT int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq_out, void** cq_context) {

@@ -86,11 +86,6 @@ FAKE_EXPORT ibv_mr* ibv_reg_dmabuf_mr(ibv_pd*, uint64_t, size_t, uint64_t, int, 
   return nullptr;
 }
 
-FAKE_EXPORT int ibv_rereg_mr(ibv_mr*, int, ibv_pd*, void*, size_t, int) {
-  errno = EOPNOTSUPP;
-  return IBV_REREG_MR_ERR_INPUT;
-}
-
 FAKE_EXPORT int ibv_attach_mcast(ibv_qp*, const ibv_gid*, uint16_t) {
   return EOPNOTSUPP;
 }

@@ -280,6 +280,20 @@ TEST_CASE("queue limits: too many SGEs is EINVAL, a full send queue is ENOMEM") 
   CHECK(bad == &r2);
 }
 
+namespace {
+
+// An 8-byte RDMA WRITE from the start of src to the start of dst.
+Send write_8_bytes(Region& src, Region& dst) {
+  Send w;
+  w.opcode = IBV_WR_RDMA_WRITE;
+  w.sges = {src.sge(0, 8)};
+  w.remote_addr = dst.addr();
+  w.rkey = dst.mr->rkey;
+  return w;
+}
+
+}  // namespace
+
 TEST_CASE("CQ overflow raises IBV_EVENT_CQ_ERR and breaks the CQ") {
   Clean clean;
   QpOptions o;
@@ -287,11 +301,7 @@ TEST_CASE("CQ overflow raises IBV_EVENT_CQ_ERR and breaks the CQ") {
   Pair p(o);
   Region src(p.a.pd, 64);
   Region dst(p.b.pd, 64);
-  Send w;
-  w.opcode = IBV_WR_RDMA_WRITE;
-  w.sges = {src.sge(0, 8)};
-  w.remote_addr = dst.addr();
-  w.rkey = dst.mr->rkey;
+  Send w = write_8_bytes(src, dst);
   for (int i = 0; i < 3; ++i) REQUIRE(post_send(p.a.qp, w) == 0);
   pollfd pfd{p.a.ctx->async_fd, POLLIN, 0};
   REQUIRE(::poll(&pfd, 1, 0) == 1);
@@ -303,4 +313,103 @@ TEST_CASE("CQ overflow raises IBV_EVENT_CQ_ERR and breaks the CQ") {
   ibv_wc wc[4];
   CHECK(ibv_poll_cq(p.a.send_cq, 4, wc) == 2);  // what fitted is still there
   CHECK(ibv_poll_cq(p.a.send_cq, 4, wc) < 0);   // then the CQ reports its overrun
+}
+
+// ---- ibv_resize_cq -----------------------------------------------------------------------------
+
+namespace {
+
+bool async_event_pending(ibv_context* ctx) {
+  pollfd pfd{ctx->async_fd, POLLIN, 0};
+  return ::poll(&pfd, 1, 0) == 1;
+}
+
+}  // namespace
+
+TEST_CASE("ibv_resize_cq grows and shrinks the CQ, cqe and the overflow point follow") {
+  Clean clean;
+  QpOptions o;
+  o.cq_size = 2;
+  Pair p(o);
+  Region src(p.a.pd, 64);
+  Region dst(p.b.pd, 64);
+  Send w = write_8_bytes(src, dst);
+  REQUIRE(p.a.send_cq->cqe == 2);
+  REQUIRE(ibv_resize_cq(p.a.send_cq, 8) == 0);
+  CHECK(p.a.send_cq->cqe == 8);
+  for (int i = 0; i < 6; ++i) {
+    w.wr_id = uint64_t(i);
+    REQUIRE(post_send(p.a.qp, w) == 0);
+  }
+  CHECK_FALSE(async_event_pending(p.a.ctx));  // 6 completions fit in 8, not in 2
+  // Shrinking below what is queued is refused; the queued completions stay.
+  CHECK(ibv_resize_cq(p.a.send_cq, 5) == EINVAL);
+  CHECK(p.a.send_cq->cqe == 8);
+  REQUIRE(ibv_resize_cq(p.a.send_cq, 6) == 0);  // exactly what is queued: allowed
+  CHECK(p.a.send_cq->cqe == 6);
+  w.wr_id = 6;
+  REQUIRE(post_send(p.a.qp, w) == 0);  // the 7th does not fit in 6
+  REQUIRE(async_event_pending(p.a.ctx));
+  ibv_async_event ev{};
+  REQUIRE(ibv_get_async_event(p.a.ctx, &ev) == 0);
+  CHECK(ev.event_type == IBV_EVENT_CQ_ERR);
+  CHECK(ev.element.cq == p.a.send_cq);
+  ibv_ack_async_event(&ev);
+  ibv_wc wc[8];
+  REQUIRE(ibv_poll_cq(p.a.send_cq, 8, wc) == 6);
+  for (int i = 0; i < 6; ++i) {
+    CHECK(wc[i].wr_id == uint64_t(i));  // kept in order across the resizes
+    CHECK(wc[i].status == IBV_WC_SUCCESS);
+  }
+  // Growing does not repair an overrun CQ.
+  REQUIRE(ibv_resize_cq(p.a.send_cq, 64) == 0);
+  CHECK(ibv_poll_cq(p.a.send_cq, 8, wc) < 0);
+}
+
+TEST_CASE("ibv_resize_cq refuses sizes outside 1..max_cqe, also on extended CQs") {
+  Clean clean;
+  ibv_context* ctx = open_device("fake0");
+  ibv_device_attr attr{};
+  REQUIRE(ibv_query_device(ctx, &attr) == 0);
+  ibv_cq* cq = ibv_create_cq(ctx, 16, nullptr, nullptr, 0);
+  REQUIRE(cq != nullptr);
+  CHECK(ibv_resize_cq(cq, 0) == EINVAL);
+  CHECK(ibv_resize_cq(cq, -1) == EINVAL);
+  CHECK(ibv_resize_cq(cq, attr.max_cqe + 1) == EINVAL);
+  CHECK(cq->cqe == 16);
+  CHECK(ibv_resize_cq(cq, attr.max_cqe) == 0);
+  CHECK(cq->cqe == attr.max_cqe);
+  CHECK(ibv_resize_cq(cq, 1) == 0);
+  CHECK(cq->cqe == 1);
+  REQUIRE(ibv_destroy_cq(cq) == 0);
+
+  ibv_cq_init_attr_ex ca{};
+  ca.cqe = 4;
+  ca.wc_flags = IBV_WC_EX_WITH_BYTE_LEN;
+  ibv_cq_ex* cqx = ibv_create_cq_ex(ctx, &ca);
+  REQUIRE(cqx != nullptr);
+  REQUIRE(ibv_resize_cq(ibv_cq_ex_to_cq(cqx), 32) == 0);
+  CHECK(ibv_cq_ex_to_cq(cqx)->cqe == 32);
+  REQUIRE(ibv_destroy_cq(ibv_cq_ex_to_cq(cqx)) == 0);
+  REQUIRE(ibv_close_device(ctx) == 0);
+}
+
+TEST_CASE("ibv_resize_cq counts queued receive completions too") {
+  Clean clean;
+  Pair p;
+  Region src(p.a.pd, 64);
+  Region dst(p.b.pd, 64);
+  REQUIRE(post_recv(p.b.qp, 1, {dst.sge(0, 32)}) == 0);
+  REQUIRE(post_recv(p.b.qp, 2, {dst.sge(32, 32)}) == 0);
+  Send s;
+  s.sges = {src.sge(0, 8)};
+  REQUIRE(post_send(p.a.qp, s) == 0);
+  REQUIRE(post_send(p.a.qp, s) == 0);
+  CHECK(ibv_resize_cq(p.b.recv_cq, 1) == EINVAL);  // two receive completions queued
+  CHECK(p.b.recv_cq->cqe == 64);
+  CHECK(ibv_resize_cq(p.b.recv_cq, 2) == 0);
+  CHECK(p.b.recv_cq->cqe == 2);
+  CHECK(poll(p.b.recv_cq, 2).size() == 2);
+  CHECK(ibv_resize_cq(p.b.recv_cq, 1) == 0);  // drained: any size >= 1
+  CHECK(p.b.recv_cq->cqe == 1);
 }

@@ -181,7 +181,7 @@ TEST_CASE("unsupported verbs fail cleanly") {
   CHECK(errno == EOPNOTSUPP);
   ibv_cq* cq = ibv_create_cq(ctx, 4, nullptr, nullptr, 0);
   REQUIRE(cq != nullptr);
-  CHECK(ibv_resize_cq(cq, 8) == EOPNOTSUPP);
+  CHECK(ibv_modify_cq(cq, nullptr) == EOPNOTSUPP);  // (ibv_resize_cq is modelled: datapath_test)
   CHECK(ibv_alloc_mw(pd, IBV_MW_TYPE_1) == nullptr);
   errno = 0;
   CHECK(ibv_create_ah_from_wc(pd, nullptr, nullptr, 1) == nullptr);

@@ -186,3 +186,224 @@ TEST_CASE("ECE: query reports the fake's vendor id with no options, set accepts 
   ece.comp_mask = 1;
   CHECK(ibv_set_ece(p.a.qp, &ece) == EINVAL);
 }
+
+// ---- ibv_rereg_mr ------------------------------------------------------------------------------
+
+namespace {
+
+constexpr int kAllRemote = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                           IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+
+// One RDMA WRITE of `len` bytes from `src` to (remote_addr, rkey), signaled; its status.
+ibv_wc_status write_status(Pair& p, const ibv_sge& src, uint64_t remote_addr, uint32_t rkey) {
+  Send w;
+  w.wr_id = 0x77;
+  w.opcode = IBV_WR_RDMA_WRITE;
+  w.sges = {src};
+  w.remote_addr = remote_addr;
+  w.rkey = rkey;
+  REQUIRE(post_send(p.a.qp, w) == 0);
+  return poll_one(p.a.send_cq).status;
+}
+
+}  // namespace
+
+TEST_CASE("ibv_rereg_mr CHANGE_TRANSLATION|CHANGE_ACCESS moves the MR and gives it new keys") {
+  Clean clean;
+  Pair p;
+  Region src(p.a.pd, 64);
+  src.fill("moved!");
+  std::vector<uint8_t> buf1(256, 0x11), buf2(512, 0x22);
+  ibv_mr* mr = ibv_reg_mr(p.b.pd, buf1.data(), buf1.size(),
+                          IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  REQUIRE(mr != nullptr);
+  const uint32_t old_lkey = mr->lkey, old_rkey = mr->rkey, handle = mr->handle;
+  REQUIRE(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_ACCESS, nullptr,
+                       buf2.data(), buf2.size(),
+                       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ) == 0);
+  CHECK(mr->addr == buf2.data());
+  CHECK(mr->length == buf2.size());
+  CHECK(mr->pd == p.b.pd);
+  CHECK(mr->context == p.b.ctx);
+  CHECK(mr->handle == handle);
+  CHECK(mr->lkey == mr->rkey);
+  CHECK(mr->lkey != old_lkey);
+  CHECK(mr->rkey != old_rkey);
+  const uint64_t base2 = reinterpret_cast<uintptr_t>(buf2.data());
+  const uint64_t base1 = reinterpret_cast<uintptr_t>(buf1.data());
+
+  SECTION("a READ through the new rkey reads the new buffer (REMOTE_READ granted)") {
+    std::memcpy(buf2.data() + 100, "second", 6);
+    Send r;
+    r.opcode = IBV_WR_RDMA_READ;
+    r.sges = {src.sge(8, 6)};
+    r.remote_addr = base2 + 100;
+    r.rkey = mr->rkey;
+    REQUIRE(post_send(p.a.qp, r) == 0);
+    CHECK(poll_one(p.a.send_cq).status == IBV_WC_SUCCESS);
+    CHECK(src.str(8, 6) == "second");
+  }
+  SECTION("a WRITE is refused now: REMOTE_WRITE was taken away") {
+    CHECK(write_status(p, src.sge(0, 6), base2, mr->rkey) == IBV_WC_REM_ACCESS_ERR);
+    CHECK(buf2[0] == 0x22);
+  }
+  SECTION("the old rkey no longer validates, at the old or the new address") {
+    CHECK(write_status(p, src.sge(0, 6), base1, old_rkey) == IBV_WC_REM_ACCESS_ERR);
+    CHECK(buf1 == std::vector<uint8_t>(256, 0x11));
+  }
+  SECTION("the new rkey does not cover the old buffer") {
+    Send r;
+    r.opcode = IBV_WR_RDMA_READ;
+    r.sges = {src.sge(8, 6)};
+    r.remote_addr = base1;
+    r.rkey = mr->rkey;
+    REQUIRE(post_send(p.a.qp, r) == 0);
+    CHECK(poll_one(p.a.send_cq).status == IBV_WC_REM_ACCESS_ERR);
+  }
+  SECTION("the old lkey no longer validates locally") {
+    ibv_sge s{base2, 16, old_lkey};
+    REQUIRE(post_recv(p.b.qp, 5, {s}) == 0);
+    Send m;
+    m.sges = {src.sge(0, 6)};
+    REQUIRE(post_send(p.a.qp, m) == 0);
+    ibv_wc wc = poll_one(p.b.recv_cq);
+    CHECK(wc.wr_id == 5);
+    CHECK(wc.status == IBV_WC_LOC_PROT_ERR);
+  }
+  SECTION("the new lkey receives into the new buffer") {
+    ibv_sge s{base2 + 8, 16, mr->lkey};
+    REQUIRE(post_recv(p.b.qp, 6, {s}) == 0);
+    Send m;
+    m.sges = {src.sge(0, 6)};
+    REQUIRE(post_send(p.a.qp, m) == 0);
+    ibv_wc wc = poll_one(p.b.recv_cq);
+    CHECK(wc.status == IBV_WC_SUCCESS);
+    CHECK(std::string(reinterpret_cast<char*>(buf2.data()) + 8, 6) == "moved!");
+    CHECK(buf1 == std::vector<uint8_t>(256, 0x11));
+  }
+  REQUIRE(ibv_dereg_mr(mr) == 0);
+}
+
+TEST_CASE("ibv_rereg_mr gives new keys on every success, an IOVA MR moves to its new address") {
+  Clean clean;
+  Pair p;
+  Region src(p.a.pd, 64);
+  src.fill("iova->va");
+  std::vector<uint8_t> buf(128, 0);
+  ibv_mr* mr = ibv_reg_mr_iova(p.b.pd, buf.data(), buf.size(), 0x10000, kAllRemote);
+  REQUIRE(mr != nullptr);
+  const uint32_t k0 = mr->rkey;
+  REQUIRE(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0, kAllRemote) == 0);
+  const uint32_t k1 = mr->rkey;
+  CHECK(k1 != k0);
+  CHECK(mr->addr == buf.data());  // untouched without CHANGE_TRANSLATION
+  CHECK(write_status(p, src.sge(0, 8), 0x10000, k1) == IBV_WC_SUCCESS);  // still addressed by IOVA
+  CHECK(std::string(reinterpret_cast<char*>(buf.data()), 8) == "iova->va");
+  // Same buffer, CHANGE_TRANSLATION: addressed by its virtual address from now on.
+  REQUIRE(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_TRANSLATION, nullptr, buf.data() + 64, 64, 0) == 0);
+  CHECK(mr->rkey != k1);
+  CHECK(mr->rkey != k0);
+  CHECK(mr->length == 64);
+  CHECK(write_status(p, src.sge(0, 8), reinterpret_cast<uintptr_t>(buf.data()) + 64, mr->rkey) ==
+        IBV_WC_SUCCESS);
+  CHECK(std::string(reinterpret_cast<char*>(buf.data()) + 64, 8) == "iova->va");
+  REQUIRE(ibv_dereg_mr(mr) == 0);
+}
+
+TEST_CASE("ibv_rereg_mr CHANGE_PD moves the MR (and its PD reference) to another PD") {
+  Clean clean;
+  Pair p;
+  Region dst(p.b.pd, 64);
+  ibv_pd* other = ibv_alloc_pd(p.a.ctx);
+  REQUIRE(other != nullptr);
+  std::vector<uint8_t> buf(64, 0);
+  std::memcpy(buf.data(), "pd move", 7);
+  ibv_mr* mr = ibv_reg_mr(other, buf.data(), buf.size(), IBV_ACCESS_LOCAL_WRITE);
+  REQUIRE(mr != nullptr);
+  CHECK(ibv_dealloc_pd(other) == EBUSY);
+  Send s;
+  s.opcode = IBV_WR_RDMA_WRITE;
+  s.remote_addr = dst.addr();
+  s.rkey = dst.mr->rkey;
+
+  SECTION("before: the MR is in another PD than A's QP, a local protection error") {
+    s.sges = {ibv_sge{reinterpret_cast<uintptr_t>(buf.data()), 7, mr->lkey}};
+    REQUIRE(post_send(p.a.qp, s) == 0);
+    CHECK(poll_one(p.a.send_cq).status == IBV_WC_LOC_PROT_ERR);
+    REQUIRE(ibv_dereg_mr(mr) == 0);
+  }
+  SECTION("after CHANGE_PD to A's PD the new key works, and the old PD is free") {
+    const uint32_t old_lkey = mr->lkey;
+    REQUIRE(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_PD, p.a.pd, nullptr, 0, 0) == 0);
+    CHECK(mr->pd == p.a.pd);
+    CHECK(mr->lkey != old_lkey);
+    CHECK(mr->addr == buf.data());
+    CHECK(ibv_dealloc_pd(other) == 0);
+    other = nullptr;
+    s.sges = {ibv_sge{reinterpret_cast<uintptr_t>(buf.data()), 7, mr->lkey}};
+    REQUIRE(post_send(p.a.qp, s) == 0);
+    CHECK(poll_one(p.a.send_cq).status == IBV_WC_SUCCESS);
+    CHECK(dst.str(0, 7) == "pd move");
+    REQUIRE(ibv_dereg_mr(mr) == 0);
+  }
+  if (other != nullptr) CHECK(ibv_dealloc_pd(other) == 0);
+}
+
+TEST_CASE("ibv_rereg_mr errors: ERR_INPUT / ERR_CMD + EINVAL, the MR unchanged and usable") {
+  Clean clean;
+  Pair p;
+  Region src(p.a.pd, 64);
+  src.fill("still ok");
+  ibv_context* other_ctx = open_device("fake1");
+  ibv_pd* other_pd = ibv_alloc_pd(other_ctx);
+  REQUIRE(other_pd != nullptr);
+  std::vector<uint8_t> buf(128, 0), buf2(128, 0);
+  ibv_mr* mr = ibv_reg_mr(p.b.pd, buf.data(), buf.size(), kAllRemote);
+  REQUIRE(mr != nullptr);
+  const uint32_t key = mr->rkey;
+  const int T = IBV_REREG_MR_CHANGE_TRANSLATION, P = IBV_REREG_MR_CHANGE_PD,
+            A = IBV_REREG_MR_CHANGE_ACCESS;
+  struct Bad {
+    const char* what;
+    int flags;
+    ibv_pd* pd;
+    void* addr;
+    size_t length;
+    int access;
+    int want;
+  };
+  const Bad cases[] = {
+      {"unknown flag", A | (IBV_REREG_MR_FLAGS_SUPPORTED + 1), nullptr, nullptr, 0, kAllRemote,
+       IBV_REREG_MR_ERR_INPUT},
+      {"translation to NULL", T, nullptr, nullptr, 64, 0, IBV_REREG_MR_ERR_INPUT},
+      {"translation of length 0", T, nullptr, buf2.data(), 0, 0, IBV_REREG_MR_ERR_INPUT},
+      {"access without CHANGE_ACCESS", T, nullptr, buf2.data(), 64, kAllRemote,
+       IBV_REREG_MR_ERR_INPUT},
+      {"no flags", 0, nullptr, nullptr, 0, 0, IBV_REREG_MR_ERR_CMD},
+      {"CHANGE_PD to NULL", P, nullptr, nullptr, 0, 0, IBV_REREG_MR_ERR_CMD},
+      {"CHANGE_PD to another context's PD", P, other_pd, nullptr, 0, 0, IBV_REREG_MR_ERR_CMD},
+      {"remote write without local write", A | T, nullptr, buf2.data(), 64, IBV_ACCESS_REMOTE_WRITE,
+       IBV_REREG_MR_ERR_CMD},
+      {"remote atomic without local write", A, nullptr, nullptr, 0, IBV_ACCESS_REMOTE_ATOMIC,
+       IBV_REREG_MR_ERR_CMD},
+      {"longer than max_mr_size", T, nullptr, buf2.data(), size_t(1) << 41, 0,
+       IBV_REREG_MR_ERR_CMD},
+  };
+  for (const Bad& c : cases) {
+    INFO(c.what);
+    errno = 0;
+    CHECK(ibv_rereg_mr(mr, c.flags, c.pd, c.addr, c.length, c.access) == c.want);
+    CHECK(errno == EINVAL);
+    CHECK(mr->rkey == key);
+    CHECK(mr->lkey == key);
+    CHECK(mr->addr == buf.data());
+    CHECK(mr->length == buf.size());
+    CHECK(mr->pd == p.b.pd);
+  }
+  CHECK(ibv_dealloc_pd(other_pd) == 0);  // no failed CHANGE_PD left a reference behind
+  CHECK(write_status(p, src.sge(0, 8), reinterpret_cast<uintptr_t>(buf.data()), key) ==
+        IBV_WC_SUCCESS);
+  CHECK(std::string(reinterpret_cast<char*>(buf.data()), 8) == "still ok");
+  REQUIRE(ibv_dereg_mr(mr) == 0);
+  REQUIRE(ibv_close_device(other_ctx) == 0);
+}
