@@ -2564,7 +2564,9 @@ unsigned int FailoverEngine::ack_cq_events(ibv_cq* cq, unsigned int nevents) {
 
 void FailoverEngine::on_req_notify(ibv_cq* cq, int solicited_only) {
   CqState* state = cq_state(cq);
-  if (state == nullptr || state->shadow == nullptr || state->shadow_channel == nullptr) return;
+  if (state == nullptr) return;
+  state->notify_armed.store(true);
+  if (state->shadow == nullptr || state->shadow_channel == nullptr) return;
   ibv_req_notify_cq(state->shadow, solicited_only);
 }
 

@@ -87,7 +87,7 @@ struct CqState {
   CompletionStash stash;                    // under lock
   std::atomic<bool> stash_nonempty{false};  // hint read before taking the lock
   std::atomic<bool> shadow_active{false};   // some QP's traffic runs on the shadow
-  std::atomic<bool> notify_armed{false};    // the application armed it: arm the shadow too
+  std::atomic<bool> notify_armed{false};    // the application armed it since the last stash event
   // Completion events of the shadow not yet handed to the application's channel, and those
   // handed out and not yet acknowledged by it (ibv_ack_cq_events is split accordingly).
   std::atomic<std::uint32_t> shadow_events_pending{0};

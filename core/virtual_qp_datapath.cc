@@ -4,6 +4,8 @@
 // is posted, no allocation, no syscall). During and after a switch, requests are posted from the
 // ring with the standby path's keys. The control side (pairing, switching) is failover_engine.cc.
 
+#include <sys/eventfd.h>
+
 #include <cstring>
 
 #include "core/clock.h"
@@ -426,6 +428,12 @@ bool CqState::stash_for_application(const ibv_wc& wc) {
     return false;
   }
   stash_nonempty.store(true, std::memory_order_relaxed);
+  // An application asleep in ibv_get_cq_event on an armed CQ must learn of it: no device will
+  // raise an event for a completion that sits in the stash.
+  if (wake_fd >= 0 && notify_armed.exchange(false)) {
+    shadow_events_pending.fetch_add(1);
+    eventfd_write(wake_fd, 1);
+  }
   return true;
 }
 
