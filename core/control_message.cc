@@ -57,6 +57,8 @@ class Writer {
     gid(value.standby_gid);
     u32(value.standby_psn);
     u8(value.path_mtu);
+    u32(value.ece_vendor_id);
+    u32(value.ece_options);
     registrations(value.registrations);
   }
 
@@ -167,11 +169,16 @@ class Reader {
     value.standby_gid = gid("standby GID");
     value.standby_psn = u32("standby PSN");
     value.path_mtu = u8("path MTU");
+    value.ece_vendor_id = u32("ECE vendor id");
+    value.ece_options = u32("ECE options");
     if (ok() && (value.standby_psn > 0xFFFFFF)) {
       fail(fmt::format("standby PSN {:#x} exceeds 24 bits", value.standby_psn));
     }
     if (ok() && (value.path_mtu < 1 || value.path_mtu > 5)) {
       fail(fmt::format("path MTU {} is not an ibv_mtu (1-5)", value.path_mtu));
+    }
+    if (ok() && value.ece_vendor_id == 0 && value.ece_options != 0) {
+      fail(fmt::format("ECE options {:#x} without a vendor id", value.ece_options));
     }
     value.registrations = registrations();
     return value;

@@ -41,6 +41,11 @@ struct PairRequest {
   Gid standby_gid{};
   std::uint32_t standby_psn = 0;
   std::uint8_t path_mtu = 0;  // enum ibv_mtu
+  // The ECE (ibv_query_ece) of the sender's primary QP, as its application negotiated it;
+  // vendor 0: none (the provider has no ECE). Both ends give their standbys the options both
+  // primaries have, so the standby pair runs with what the application agreed on.
+  std::uint32_t ece_vendor_id = 0;
+  std::uint32_t ece_options = 0;
   std::vector<MrTranslation> registrations;
   bool operator==(const PairRequest&) const = default;
 };
@@ -143,7 +148,7 @@ using ControlMessage = std::variant<PairRequest, PairReply, MrUpdate, FailoverRe
                                     Hello, PairRefused, Rearm, MrQuery>;
 
 inline constexpr std::uint32_t kControlMagic = 0x4D434656;  // "VFCM" little-endian
-inline constexpr std::uint16_t kControlVersion = 4;
+inline constexpr std::uint16_t kControlVersion = 5;
 inline constexpr std::size_t kControlHeaderSize = 12;       // magic, version, type, length
 inline constexpr std::size_t kMaxControlPayload = 64 * 1024;
 inline constexpr std::size_t kMaxRegistrationsPerMessage = 2048;

@@ -170,6 +170,12 @@ struct Protection {
   int pairing_rounds = 0;
   std::uint64_t retry_at_ns = 0;
   std::uint8_t peer_mtu = 0;
+  // ECE: the application's primary QP's, read once when pairing starts (the application sets it
+  // before RTR, and pairing starts at RTR), and the options the standby pair agreed on (vendor
+  // 0: none). Each is applied again before every RTR of its QP (a reset may forget it).
+  ibv_ece primary_ece{};
+  bool primary_ece_read = false;
+  ibv_ece standby_ece{};
   bool start_pairing_pending = false;
   bool peer_unreachable_reported = false;
   QpAttrs attrs;
@@ -535,6 +541,41 @@ int connect_engine_qp(ibv_qp* qp, const EngineQpLink& link, const char** step) {
                                IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC);
 }
 
+// The application's ECE on its primary QP; vendor 0 when the provider has none (rxe, or a
+// libibverbs older than ECE).
+const ibv_ece& primary_ece(Protection& p) {
+  Engine& e = engine();
+  if (!p.primary_ece_read) {
+    p.primary_ece_read = true;
+    p.primary_ece = {};
+    if (e.verbs.query_ece == nullptr || e.verbs.query_ece(p.qp->app_qp, &p.primary_ece) != 0) {
+      p.primary_ece = {};
+    }
+  }
+  return p.primary_ece;
+}
+
+// What the standby pair runs with: the options both primaries have. Each end computes it from
+// the same two values (its own primary's and the peer's, from the pairing message), so both
+// standbys agree without another round trip. None when either end has no ECE or the vendors
+// differ (the options of one vendor mean nothing to another).
+ibv_ece agree_ece(const ibv_ece& mine, const PairRequest& theirs) {
+  if (mine.vendor_id == 0 || mine.vendor_id != theirs.ece_vendor_id) return {};
+  ibv_ece agreed{};
+  agreed.vendor_id = mine.vendor_id;
+  agreed.options = mine.options & theirs.ece_options;
+  return agreed;
+}
+
+// ECE options take effect at the QP's modify stages (ibv_set_ece(3)): set before RTR. 0 or errno.
+int apply_ece(ibv_qp* qp, const ibv_ece& ece) {
+  if (ece.vendor_id == 0) return 0;
+  Engine& e = engine();
+  if (e.verbs.set_ece == nullptr) return EOPNOTSUPP;
+  ibv_ece copy = ece;
+  return e.verbs.set_ece(qp, &copy);
+}
+
 // Connects the standby QP to the peer's standby (RTR then RTS).
 bool connect_standby(Protection& p, std::uint32_t dest_qpn, const Gid& dest_gid,
                      std::uint32_t dest_psn, std::uint8_t peer_mtu) {
@@ -552,6 +593,12 @@ bool connect_standby(Protection& p, std::uint32_t dest_qpn, const Gid& dest_gid,
   link.port = standby.port;
   link.rd_atomic = static_cast<std::uint8_t>(std::min<int>(kStandbyRdAtomic, device.max_qp_rd_atom));
   link.timeout = e.config.qp_timeout;
+  if (const int result = apply_ece(standby.qp, p.standby_ece); result != 0) {
+    VF_LOG_WARN("qp {}: standby qp {} refused ECE options {:#x} of vendor {:#x}, which its primary "
+                "and the peer's run with ({})", p.qp->vqpn, standby.qp->qp_num, p.standby_ece.options,
+                p.standby_ece.vendor_id, strerror(result));
+    return false;
+  }
   const char* step = "";
   const int result = connect_engine_qp(standby.qp, link, &step);
   if (result != 0) {
@@ -568,6 +615,13 @@ bool connect_primary(Protection& p, std::uint32_t dest_qpn, std::uint32_t dest_p
   Engine& e = engine();
   VirtualQp& v = *p.qp;
   if (!p.attrs.have_rtr || !p.attrs.have_rts) return false;
+  if (p.primary_ece_read) {  // what the application set before its RTR, again after the reset
+    if (const int result = apply_ece(v.app_qp, p.primary_ece); result != 0) {
+      VF_LOG_WARN("qp {}: its ECE options {:#x} could not be set again after the reset ({})", v.vqpn,
+                  p.primary_ece.options, strerror(result));
+      return false;
+    }
+  }
   ibv_qp_attr attr = p.attrs.rtr;
   attr.qp_state = IBV_QPS_RTR;
   attr.dest_qp_num = dest_qpn;
@@ -635,6 +689,9 @@ PairRequest describe_standby(Protection& p) {
   request.standby_gid = standby.gid;
   request.standby_psn = standby.psn;
   request.path_mtu = static_cast<std::uint8_t>(standby_mtu(p));
+  const ibv_ece& ece = primary_ece(p);
+  request.ece_vendor_id = ece.vendor_id;
+  request.ece_options = ece.vendor_id != 0 ? ece.options : 0;
   // The registrations of the QP's device: the peer translates our rkeys with them.
   for (const auto& [mr, record] : e.mrs) {
     if (record->device != p.qp->path[kPrimary].device_index || record->shadow == nullptr) continue;
@@ -672,14 +729,18 @@ void mark_protected(Protection& p) {
   v.path[kPrimary].connected = true;
   v.path[kStandby].connected = true;
   p.unprotected_reason.clear();
-  VF_LOG_INFO("qp {}: protected — standby qp {} on {}/{} paired with the peer's qp {} {}",
+  VF_LOG_INFO("qp {}: protected — standby qp {} on {}/{} paired with the peer's qp {} {}{}",
               v.vqpn, v.path[kStandby].qp->qp_num,
               engine().devices[v.path[kStandby].device_index].name, v.path[kStandby].port,
               p.remote.qpn,
               p.peer.local ? std::string("(same process)")
                            : fmt::format("(pid {} at {})", p.peer.pid,
                                          p.peer.addresses.empty() ? std::string("?")
-                                                                  : ipv4_text(p.peer.addresses[0])));
+                                                                  : ipv4_text(p.peer.addresses[0])),
+              p.standby_ece.vendor_id == 0
+                  ? std::string()
+                  : fmt::format(", ECE options {:#x} of vendor {:#x}", p.standby_ece.options,
+                                p.standby_ece.vendor_id));
 }
 
 void set_unprotected(Protection& p, std::string reason) {
@@ -721,6 +782,13 @@ Protection* protection_by_key(const QpKey& key) {
 // The standby pair is connected from the peer's description (request or reply).
 bool accept_peer_standby(Protection& p, const PairRequest& theirs) {
   if (p.paired) return true;
+  p.standby_ece = agree_ece(primary_ece(p), theirs);
+  if (p.primary_ece.vendor_id != 0 && p.standby_ece.vendor_id == 0) {
+    VF_LOG_INFO("qp {}: the standby pair runs without ECE: the peer's primary has {}", p.qp->vqpn,
+                theirs.ece_vendor_id == 0 ? std::string("none")
+                                          : fmt::format("vendor {:#x}, not {:#x}",
+                                                        theirs.ece_vendor_id, p.primary_ece.vendor_id));
+  }
   if (!connect_standby(p, theirs.standby_qpn, theirs.standby_gid, theirs.standby_psn,
                        theirs.path_mtu)) {
     set_unprotected(p, "the standby QP could not be connected");

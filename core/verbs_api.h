@@ -32,6 +32,9 @@ struct VerbsApi {
   int (*modify_qp)(ibv_qp* qp, ibv_qp_attr* attr, int mask) = nullptr;
   int (*destroy_qp)(ibv_qp* qp) = nullptr;
   int (*query_qp)(ibv_qp* qp, ibv_qp_attr* attr, int mask, ibv_qp_init_attr* init) = nullptr;
+  // ECE (rdma-core >= 30); nullptr in an older libibverbs: no ECE to carry to the standby.
+  int (*query_ece)(ibv_qp* qp, ibv_ece* ece) = nullptr;
+  int (*set_ece)(ibv_qp* qp, ibv_ece* ece) = nullptr;
   ibv_srq* (*create_srq)(ibv_pd* pd, ibv_srq_init_attr* attr) = nullptr;
   int (*modify_srq)(ibv_srq* srq, ibv_srq_attr* attr, int mask) = nullptr;
   int (*query_srq)(ibv_srq* srq, ibv_srq_attr* attr) = nullptr;

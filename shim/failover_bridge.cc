@@ -63,6 +63,8 @@ void configure_failover(const Config& config) {
   verbs.modify_qp = real.ibv_modify_qp;
   verbs.destroy_qp = real.ibv_destroy_qp;
   verbs.query_qp = real.ibv_query_qp;
+  verbs.query_ece = real.ibv_query_ece;
+  verbs.set_ece = real.ibv_set_ece;
   verbs.create_srq = real.ibv_create_srq;
   verbs.modify_srq = real.ibv_modify_srq;
   verbs.query_srq = real.ibv_query_srq;

@@ -49,8 +49,14 @@
    with ibv_resize_cq to CQ_SIZE; the scenario then runs unchanged (full_sq keeps 64 send WRs
    outstanding: a shadow CQ left at 16 entries on the backup device overflows).
 
+   --ece: every QP, right after creation, is given ECE option 0x1 of the fake's two (ibv_set_ece,
+   as an application that negotiated it with its peer does before RTR: NCCL, rdma_cm). At the end
+   every QP on every fake device (the application's, and the shim's standbys) must run with
+   exactly that option: a standby left at the default (0x3), or a primary the shim reset and
+   reconnected without setting it again (the fake forgets ECE at RESET), is a failure.
+
    Usage: exactly_once SCENARIO [--wr-api] [--sig-all] [--split-cq] [--srq] [--cq-ex] [--rereg]
-                                [--resize-cq] [--timeout-ms N]
+                                [--resize-cq] [--ece] [--timeout-ms N]
           exactly_once selftest      (feeds duplicates/losses/reorders to the checker itself)
    Scenarios: see the table at the end of the file. Output: "PASS ..." and exit 0; "FAIL: ..."
    lines and exit 1; "SETUP: ..." and exit 3 when the cut point could not be established (then
@@ -90,6 +96,10 @@
 #define MR_ACCESS (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)
 #define POISON_SEED 0x9015u /* --rereg: the first buffer's pattern (+ device index) */
 #define CQ_EX_BATCH 3 /* --cq-ex: completions per start_poll..end_poll cycle, at most */
+#define ECE_VENDOR 0xfa4eu   /* --ece: the fake's vendor id */
+#define ECE_DEFAULT 0x3u     /* --ece: the options a new fake QP has */
+#define ECE_OPTIONS 0x1u     /* --ece: what the application sets on its QPs */
+#define FAKE_DEVICES 4
 #define CQ_EX_WC_FLAGS                                                                      \
   (IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM |                   \
    IBV_WC_EX_WITH_SRC_QP | IBV_WC_EX_WITH_SLID | IBV_WC_EX_WITH_SL |                         \
@@ -109,6 +119,7 @@ static struct {
   void (*progress)(void);
   int (*qp_stats)(uint32_t, struct fake_verbs_qp_stats*);
   int (*dev_stats)(int, struct fake_verbs_device_stats*);
+  int (*list_qps)(int, uint32_t*, int);
   void (*reset)(void);
 } fv;
 
@@ -279,6 +290,7 @@ static int g_srq = 0;      /* --srq: SRQs and a second QP pair on them */
 static int g_cq_ex = 0;    /* --cq-ex: CQs from ibv_create_cq_ex, polled with the iterator */
 static int g_rereg = 0;    /* --rereg: MRs moved to a second buffer (ibv_rereg_mr) before traffic */
 static int g_resize_cq = 0; /* --resize-cq: CQs created small, ibv_resize_cq'd before traffic */
+static int g_ece = 0;       /* --ece: every QP set to ECE_OPTIONS before RTR */
 static long g_cq_ex_cycles = 0, g_cq_ex_left_early = 0; /* --cq-ex: reported at the end */
 
 static uint32_t bump(uint32_t* next, uint32_t len, uint32_t end, const char* what) {
@@ -948,6 +960,46 @@ static void create_qp(struct side* s, const char* want) {
   struct ibv_qp_init_attr init;
   if (ibv_query_qp(s->qp, &qattr, IBV_QP_CAP, &init) != 0) setup_fail("ibv_query_qp");
   s->cap = init.cap;
+  if (g_ece) {
+    struct ibv_ece ece;
+    memset(&ece, 0, sizeof ece);
+    if (ibv_query_ece(s->qp, &ece) != 0 || ece.vendor_id != ECE_VENDOR || ece.options != ECE_DEFAULT)
+      setup_fail("ibv_query_ece on %s: vendor %#x options %#x", want, ece.vendor_id, ece.options);
+    ece.options = ECE_OPTIONS;
+    if (ibv_set_ece(s->qp, &ece) != 0) setup_fail("ibv_set_ece on %s", want);
+  }
+}
+
+/* --ece, at the end: every QP on the fabric runs with the option the application chose. */
+static void check_ece(void) {
+  int checked = 0, not_connected = 0;
+  for (int dev = 0; dev < FAKE_DEVICES; ++dev) {
+    uint32_t qps[64];
+    const int n = fv.list_qps(dev, qps, 64);
+    if (n < 0 || n > 64) {
+      fail("ece: fake%d lists %d QP(s)", dev, n);
+      continue;
+    }
+    for (int i = 0; i < n; ++i) {
+      struct fake_verbs_qp_stats st;
+      if (fv.qp_stats(qps[i], &st) != 0) continue;
+      /* A QP in RESET or INIT (a path being re-armed) has not used its options yet: they apply
+         at RTR, and the shim sets them right before. */
+      if (st.qp_state == IBV_QPS_RESET || st.qp_state == IBV_QPS_INIT) {
+        ++not_connected;
+        continue;
+      }
+      ++checked;
+      if (st.ece_options != ECE_OPTIONS)
+        fail("ece: qp %u on fake%d (state %llu) runs with ECE options %#llx, not the "
+             "application's %#x", qps[i], dev, (unsigned long long)st.qp_state,
+             (unsigned long long)st.ece_options, ECE_OPTIONS);
+    }
+    printf("ece: fake%d has %d QP(s)\n", dev, n);
+  }
+  printf("ece: %d connected QP(s) checked, %d not connected (RESET/INIT)\n", checked,
+         not_connected);
+  if (checked < 2) fail("ece: only %d connected QP(s) on the fabric", checked);
 }
 
 /* --resize-cq: the side's CQs (created with CQ_INITIAL entries, the QPs already on them) grow
@@ -1775,7 +1827,7 @@ int main(int argc, char** argv) {
   if (argc < 2) {
     fprintf(stderr,
             "usage: %s SCENARIO|selftest [--wr-api] [--sig-all] [--split-cq] [--srq] [--cq-ex] "
-            "[--rereg] [--resize-cq] [--timeout-ms N]\n",
+            "[--rereg] [--resize-cq] [--ece] [--timeout-ms N]\n",
             argv[0]);
     return 2;
   }
@@ -1795,6 +1847,8 @@ int main(int argc, char** argv) {
       g_rereg = 1;
     else if (strcmp(argv[i], "--resize-cq") == 0)
       g_resize_cq = 1;
+    else if (strcmp(argv[i], "--ece") == 0)
+      g_ece = 1;
     else if (strcmp(argv[i], "--timeout-ms") == 0 && i + 1 < argc)
       g_timeout_ms = atoi(argv[++i]);
     else {
@@ -1807,11 +1861,16 @@ int main(int argc, char** argv) {
       fprintf(stderr, "selftest covers --srq itself\n");
       return 2;
     }
-    if (g_cq_ex || g_rereg || g_resize_cq) {
+    if (g_cq_ex || g_rereg || g_resize_cq || g_ece) {
       fprintf(stderr, "selftest feeds completions to the checker directly: no CQ, no MR\n");
       return 2;
     }
     return selftest();
+  }
+  if (g_ece && g_srq) {
+    /* the shim's SRQ sweep uses QPs of its own on the backup devices: not the application's */
+    fprintf(stderr, "--ece checks every QP on the fabric: not with --srq\n");
+    return 2;
   }
   const struct scenario* sc = NULL;
   for (size_t i = 0; i < sizeof kScenarios / sizeof kScenarios[0]; ++i)
@@ -1827,6 +1886,7 @@ int main(int argc, char** argv) {
   fv.qp_stats = (int (*)(uint32_t, struct fake_verbs_qp_stats*))fake_sym("fake_verbs_query_qp_stats");
   fv.dev_stats =
       (int (*)(int, struct fake_verbs_device_stats*))fake_sym("fake_verbs_query_device_stats");
+  fv.list_qps = (int (*)(int, uint32_t*, int))fake_sym("fake_verbs_list_qps");
   fv.reset = (void (*)(void))fake_sym("fake_verbs_reset");
 
   sc->run();
@@ -1837,6 +1897,7 @@ int main(int argc, char** argv) {
   check_poison(&g_b);
   check_qp_and_events(&g_a);
   check_qp_and_events(&g_b);
+  if (g_ece) check_ece();
   if (g_srq) {
     check_srq_final(&g_a);
     check_srq_final(&g_b);
@@ -1866,18 +1927,18 @@ int main(int argc, char** argv) {
     printf("FAIL: scenario %s%s%s%s%s%s: %d failure(s)\n", sc->name,
            g_wr_api ? " (ibv_wr_* API)" : "", g_srq ? " (SRQ)" : "",
            g_cq_ex ? " (extended CQs)" : "", g_rereg ? " (MRs re-registered)" : "",
-           g_resize_cq ? " (CQs resized)" : "", g_failures);
+           g_resize_cq ? " (CQs resized)" : "", g_failures);  /* --ece: see the "ece:" lines */
     return 1;
   }
   char pair2[96] = "";
   if (g_srq)
     snprintf(pair2, sizeof pair2, ", A2 %d sends %d msgs, B2 %d sends %d msgs", g_a2.n_sends,
              g_a2.n_msgs, g_b2.n_sends, g_b2.n_msgs);
-  printf("PASS scenario %s%s%s%s%s%s%s%s: A %d sends %d msgs, B %d sends %d msgs%s\n", sc->name,
+  printf("PASS scenario %s%s%s%s%s%s%s%s%s: A %d sends %d msgs, B %d sends %d msgs%s\n", sc->name,
          g_wr_api ? " (ibv_wr_* API)" : "", g_sig_all ? " (sq_sig_all)" : "",
          g_split_cq ? " (split CQs)" : "", g_srq ? " (SRQ)" : "",
          g_cq_ex ? " (extended CQs)" : "", g_rereg ? " (MRs re-registered)" : "",
-         g_resize_cq ? " (CQs resized)" : "", g_a.n_sends, g_a.n_msgs,
+         g_resize_cq ? " (CQs resized)" : "", g_ece ? " (ECE set)" : "", g_a.n_sends, g_a.n_msgs,
          g_b.n_sends, g_b.n_msgs, pair2);
   return 0;
 }

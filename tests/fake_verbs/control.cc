@@ -94,9 +94,24 @@ FAKE_EXPORT int fake_verbs_query_qp_stats(uint32_t qp_num, fake_verbs_qp_stats* 
     out->rnr_naks = qp->stats.rnr_naks;
     out->transport_retries = qp->stats.transport_retries;
     out->completions_with_error = qp->stats.completions_with_error;
+    out->ece_options = qp->ece_options;
+    out->device_index = qp->ctx->device->index;
+    out->qp_state = qp->attr.qp_state;
     return 0;
   }
   return -1;
+}
+
+FAKE_EXPORT int fake_verbs_list_qps(int device_index, uint32_t* qp_nums, int max) {
+  auto lock = fabric_lock();
+  if (device_at(device_index) == nullptr) return -1;
+  int count = 0;
+  for (Qp* qp : fabric().qps) {
+    if (qp->ctx->device->index != device_index) continue;
+    if (count < max) qp_nums[count] = qp->shell.qpx.qp_base.qp_num;
+    ++count;
+  }
+  return count;
 }
 
 FAKE_EXPORT int fake_verbs_query_device_stats(int index, fake_verbs_device_stats* out) {

@@ -62,10 +62,17 @@ struct fake_verbs_qp_stats {
   uint64_t rnr_naks;               /* RNR NAKs this QP received as requester */
   uint64_t transport_retries;      /* tries lost to drop/port down/missing peer */
   uint64_t completions_with_error; /* error CQEs (incl. flushes) generated for this QP's sends */
+  uint64_t ece_options;            /* the ECE options the QP uses (ibv_set_ece, else default) */
+  int64_t device_index;            /* the fake device the QP lives on */
+  uint64_t qp_state;               /* enum ibv_qp_state */
 };
 
 /* Counters of the QP with this number; 0 on success, -1 if no such QP exists. */
 int fake_verbs_query_qp_stats(uint32_t qp_num, struct fake_verbs_qp_stats* out);
+
+/* The numbers of the live QPs on a device (the application's and anyone else's, e.g. a shim's),
+ * oldest first: up to `max` are stored; returns how many exist, or -1 for a bad index. */
+int fake_verbs_list_qps(int device_index, uint32_t* qp_nums, int max);
 
 struct fake_verbs_device_stats {
   uint64_t tx_messages;     /* messages sent from this device and delivered */

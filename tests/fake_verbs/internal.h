@@ -76,6 +76,10 @@ struct AhShell {
 // ---- devices --------------------------------------------------------------------------------
 
 constexpr int kGidTableLen = 2;
+// ECE: the fake's vendor id and its two made-up option bits (every fake device supports both; a
+// new QP starts with both, as a real NIC's QP starts with its firmware's defaults).
+constexpr uint32_t kEceVendorId = 0xfa4e;
+constexpr uint32_t kEceSupportedOptions = 0x3;
 
 struct DeviceStats {
   uint64_t tx_messages = 0;
@@ -201,6 +205,7 @@ struct Qp {
   bool extended = false;  // created with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS: ibv_qp_to_qp_ex works
   uint64_t send_ops_flags = 0;
   ibv_qp_attr attr{};  // current attributes as last modified (qp_state kept in shell too)
+  uint32_t ece_options = kEceSupportedOptions;  // ibv_set_ece; back to the default at RESET
   std::deque<SendWork> send_queue;  // outstanding: not yet completed
   std::deque<RecvWork> recv_queue;
   QpStats stats;

@@ -28,16 +28,26 @@ FAKE_EXPORT int ibv_dofork_range(void*, size_t) {
   return 0;
 }
 
-// ECE (enhanced connection establishment): the fake has no options to negotiate; it reports
-// vendor_id 0xfa4e with no options and accepts any setting.
-FAKE_EXPORT int ibv_query_ece(ibv_qp*, ibv_ece* ece) {
+// ECE (enhanced connection establishment): vendor kEceVendorId with two option bits. A QP reports
+// the options it will use; ibv_set_ece takes a subset of the supported ones, and only before RTR
+// (they are applied at the modify stages, ibv_set_ece(3)); a RESET restores the defaults.
+FAKE_EXPORT int ibv_query_ece(ibv_qp* ibqp, ibv_ece* ece) {
+  auto lock = fabric_lock();
   std::memset(ece, 0, sizeof *ece);
-  ece->vendor_id = 0xfa4e;
+  ece->vendor_id = kEceVendorId;
+  ece->options = to_qp(ibqp)->ece_options;
   return 0;
 }
 
-FAKE_EXPORT int ibv_set_ece(ibv_qp*, ibv_ece* ece) {
-  if (ece == nullptr || ece->comp_mask != 0) return EINVAL;
+FAKE_EXPORT int ibv_set_ece(ibv_qp* ibqp, ibv_ece* ece) {
+  auto lock = fabric_lock();
+  if (ece == nullptr || ece->comp_mask != 0 || ece->vendor_id != kEceVendorId ||
+      (ece->options & ~kEceSupportedOptions) != 0) {
+    return EINVAL;
+  }
+  Qp* qp = to_qp(ibqp);
+  if (qp->attr.qp_state != IBV_QPS_RESET && qp->attr.qp_state != IBV_QPS_INIT) return EINVAL;
+  qp->ece_options = ece->options;
   return 0;
 }
 

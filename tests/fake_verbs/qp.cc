@@ -227,6 +227,9 @@ FAKE_EXPORT int ibv_modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) {
     ibv_qp_cap cap = qp->attr.cap;
     qp->attr = ibv_qp_attr{};
     qp->attr.cap = cap;
+    // The strictest reading of ibv_set_ece(3): options are used at the modify stages, so a reset
+    // QP starts from the defaults and whoever reconnects it must set them again.
+    qp->ece_options = kEceSupportedOptions;
   }
   qp->attr.qp_state = next;
   ibqp->state = next;

@@ -25,6 +25,8 @@ vf::PairRequest sample_pair() {
   pair.standby_gid = gid_of(3);
   pair.standby_psn = 0xABCDE;
   pair.path_mtu = 3;
+  pair.ece_vendor_id = 0x15b3;
+  pair.ece_options = 0x10000001;
   pair.registrations = {{0x7f0000001000, 65536, 0x1234, 0x5678}, {0x7f0000100000, 4096, 9, 10}};
   return pair;
 }
@@ -128,13 +130,13 @@ TEST_CASE("malformed messages are rejected with a precise reason") {
   }
   SECTION("future protocol version") {
     auto bytes = good;
-    bytes[4] = 5;
-    CHECK(decode(bytes).error == "protocol version 5 is not supported (this shim speaks 4)");
+    bytes[4] = 6;
+    CHECK(decode(bytes).error == "protocol version 6 is not supported (this shim speaks 5)");
   }
   SECTION("the previous protocol version") {
     auto bytes = good;
-    bytes[4] = 3;
-    CHECK(decode(bytes).error == "protocol version 3 is not supported (this shim speaks 4)");
+    bytes[4] = 4;
+    CHECK(decode(bytes).error == "protocol version 4 is not supported (this shim speaks 5)");
   }
   SECTION("unknown type") {
     auto bytes = good;
@@ -152,7 +154,7 @@ TEST_CASE("malformed messages are rejected with a precise reason") {
   }
   SECTION("registration count larger than the payload") {
     auto bytes = good;
-    const std::size_t count_offset = vf::kControlHeaderSize + 2 * 20 + 4 + 16 + 4 + 1;
+    const std::size_t count_offset = vf::kControlHeaderSize + 2 * 20 + 4 + 16 + 4 + 1 + 8;
     bytes[count_offset] = 200;
     const auto result = decode(bytes);
     CHECK(result.status == vf::DecodeResult::Status::kError);
@@ -169,6 +171,13 @@ TEST_CASE("malformed messages are rejected with a precise reason") {
     auto bytes = good;
     bytes[vf::kControlHeaderSize + 2 * 20 + 4 + 16 + 4] = 9;
     CHECK(decode(bytes).error == "malformed message of type 1: path MTU 9 is not an ibv_mtu (1-5)");
+  }
+  SECTION("ECE options without a vendor") {
+    auto bytes = good;
+    const std::size_t vendor_offset = vf::kControlHeaderSize + 2 * 20 + 4 + 16 + 4 + 1;
+    for (std::size_t i = 0; i < 4; ++i) bytes[vendor_offset + i] = 0;
+    CHECK(decode(bytes).error ==
+          "malformed message of type 1: ECE options 0x10000001 without a vendor id");
   }
   SECTION("trailing bytes inside the declared length") {
     auto bytes = good;

@@ -29,6 +29,7 @@ struct Control {
   uint64_t (*progress_steps)();
   int (*query_qp_stats)(uint32_t, fake_verbs_qp_stats*);
   int (*query_device_stats)(int, fake_verbs_device_stats*);
+  int (*list_qps)(int, uint32_t*, int);
   void (*reset)();
 };
 
@@ -51,6 +52,7 @@ inline Control& ctl() {
     resolve(k.progress_steps, "fake_verbs_progress_steps");
     resolve(k.query_qp_stats, "fake_verbs_query_qp_stats");
     resolve(k.query_device_stats, "fake_verbs_query_device_stats");
+    resolve(k.list_qps, "fake_verbs_list_qps");
     resolve(k.reset, "fake_verbs_reset");
     return k;
   }();

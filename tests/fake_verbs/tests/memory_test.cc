@@ -175,18 +175,6 @@ TEST_CASE("MRs registered with an IOVA are addressed by IOVA") {
   REQUIRE(ibv_dereg_mr(mr) == 0);
 }
 
-TEST_CASE("ECE: query reports the fake's vendor id with no options, set accepts plain values") {
-  Clean clean;
-  Pair p;
-  ibv_ece ece{};
-  REQUIRE(ibv_query_ece(p.a.qp, &ece) == 0);
-  CHECK(ece.vendor_id == 0xfa4e);
-  CHECK(ece.options == 0);
-  CHECK(ibv_set_ece(p.a.qp, &ece) == 0);
-  ece.comp_mask = 1;
-  CHECK(ibv_set_ece(p.a.qp, &ece) == EINVAL);
-}
-
 // ---- ibv_rereg_mr ------------------------------------------------------------------------------
 
 namespace {

@@ -1,5 +1,6 @@
 // The RC QP state machine: legal transitions, required/optional attribute masks, query, and
 // which posts each state accepts.
+#include <algorithm>
 #include <cerrno>
 
 #include "fake_test_util.h"
@@ -120,6 +121,58 @@ TEST_CASE("illegal transitions and bad masks are EINVAL and leave the state alon
   REQUIRE(ibv_modify_qp(qp, &reset, IBV_QP_STATE) == 0);
   to_init(qp, kAccess);  // a reset QP can be reused
   CHECK(state_of(qp) == IBV_QPS_INIT);
+}
+
+TEST_CASE("ECE: a subset of the supported options, set before RTR, forgotten at RESET") {
+  Clean clean;
+  Lone l;
+  ibv_qp* qp = l.e.qp;
+  ibv_ece ece{};
+  REQUIRE(ibv_query_ece(qp, &ece) == 0);
+  CHECK(ece.vendor_id == 0xfa4e);
+  CHECK(ece.options == 0x3);  // the default: everything the device supports
+  CHECK(qp_stats(qp).ece_options == 0x3);
+  CHECK(qp_stats(qp).device_index == 0);
+
+  ibv_ece want{0xfa4e, 0x1, 0};
+  REQUIRE(ibv_set_ece(qp, &want) == 0);  // RESET
+  ibv_ece bad = want;
+  bad.options = 0x4;  // not supported
+  CHECK(ibv_set_ece(qp, &bad) == EINVAL);
+  bad = want;
+  bad.vendor_id = 0x15b3;  // another vendor's options
+  CHECK(ibv_set_ece(qp, &bad) == EINVAL);
+  bad = want;
+  bad.comp_mask = 1;
+  CHECK(ibv_set_ece(qp, &bad) == EINVAL);
+  to_init(qp, kAccess);
+  REQUIRE(ibv_set_ece(qp, &want) == 0);  // INIT
+  ibv_qp_attr rtr = rtr_attr(0x999, l.peer_gid);
+  REQUIRE(ibv_modify_qp(qp, &rtr, kRtrMask) == 0);
+  ibv_ece other{0xfa4e, 0x2, 0};
+  CHECK(ibv_set_ece(qp, &other) == EINVAL);  // too late: RTR applied the options
+  REQUIRE(ibv_query_ece(qp, &ece) == 0);
+  CHECK(ece.options == 0x1);
+  CHECK(qp_stats(qp).ece_options == 0x1);
+
+  ibv_qp_attr reset{};
+  reset.qp_state = IBV_QPS_RESET;
+  REQUIRE(ibv_modify_qp(qp, &reset, IBV_QP_STATE) == 0);
+  REQUIRE(ibv_query_ece(qp, &ece) == 0);
+  CHECK(ece.options == 0x3);
+}
+
+TEST_CASE("list_qps: the live QPs of one device") {
+  Clean clean;
+  Lone l;
+  uint32_t numbers[64] = {};
+  const int on_fake0 = ctl().list_qps(0, numbers, 64);
+  REQUIRE(on_fake0 >= 1);
+  REQUIRE(on_fake0 <= 64);
+  CHECK(numbers[on_fake0 - 1] == l.e.qp->qp_num);  // oldest first: ours is the newest
+  const int on_fake2 = ctl().list_qps(2, numbers, 64);
+  for (int i = 0; i < std::min(on_fake2, 64); ++i) CHECK(numbers[i] != l.e.qp->qp_num);
+  CHECK(ctl().list_qps(99, numbers, 64) == -1);
 }
 
 TEST_CASE("query_qp returns what was set") {
