@@ -40,6 +40,9 @@ constexpr int kMaxGidScan = 16;
 constexpr int kPairingRounds = 6;
 constexpr std::uint64_t kSwitchAnswerTimeoutNs = 10'000'000'000;
 constexpr std::uint64_t kSweepTimeoutNs = 2'000'000'000;
+// How long an SRQ's move waits for a member whose pairing is in flight (a peer's answer takes a
+// round trip; one that has not come in a second is a peer without the shim, or unreachable).
+constexpr std::uint64_t kSrqPairingWaitNs = 1'000'000'000;
 constexpr std::uint8_t kStandbyRdAtomic = 16;
 
 const void* key_of(std::uint64_t value) { return reinterpret_cast<const void*>(value); }
@@ -195,6 +198,21 @@ struct SrqGroup {
   ibv_pd* pd = nullptr;
   std::vector<VirtualQp*> members;
   std::string pinned_reason;  // not empty: pass-through for good
+  // A move that waits (at most kSrqPairingWaitNs) for members whose pairing is in flight and
+  // whose own path still works: moving the receives without them would fail them, and a QP
+  // whose pairing has not finished is unprotected, not failed. Retried by periodic_work.
+  struct PassiveMember {  // a member whose peer asked for the move: it answers when it runs
+    Protection* q = nullptr;
+    std::uint32_t epoch = 0;
+    std::uint64_t delivered = 0;
+  };
+  struct PendingMove {
+    bool active = false;
+    int target = 0;
+    FailoverReason reason = FailoverReason::kPortDown;
+    std::uint64_t since_ns = 0;
+    std::vector<PassiveMember> passives;
+  } pending;
 };
 
 struct ChannelState {
@@ -1296,30 +1314,81 @@ void give_up_member(Protection& q, const char* why) {
 
 void answer_failover(Protection& p, std::uint64_t delivered);
 
+// A member whose pairing is in flight and whose own path still works: the SRQ's move waits for it.
+bool srq_member_still_pairing(const Protection& q) {
+  const VirtualQp& v = *q.qp;
+  return !q.paired && (q.pairing || q.start_pairing_pending) && !v.path[v.active_path()].failed &&
+         !v.link_error_seen.load();
+}
+
 // Switches every QP of an SRQ to `target` and moves the SRQ's unconsumed receives there.
-// `passive`: the member whose peer asked for the switch (it answers with the peer's epoch).
+// `passive`: the member whose peer asked for the switch (it answers with the peer's epoch); the
+// passives of a move that waited (SrqGroup::pending) are remembered too.
 void switch_srq_group(SrqGroup& g, int target, FailoverReason reason, Protection* passive,
                       std::uint32_t passive_epoch, std::uint64_t passive_delivered) {
   Engine& e = engine();
   VirtualSrq& srq = *g.srq;
-  std::vector<Protection*> movers, blocked;
+  std::vector<SrqGroup::PassiveMember> passives = std::move(g.pending.passives);
+  g.pending.passives.clear();
+  if (passive != nullptr) {
+    auto known = std::find_if(passives.begin(), passives.end(),
+                              [&](const auto& m) { return m.q == passive; });
+    if (known == passives.end()) known = passives.insert(passives.end(), {passive});
+    known->epoch = passive_epoch;
+    known->delivered = passive_delivered;
+  }
+  auto passive_of = [&](const Protection* q) -> const SrqGroup::PassiveMember* {
+    for (const auto& m : passives) {
+      if (m.q == q) return &m;
+    }
+    return nullptr;
+  };
+  std::vector<Protection*> movers, blocked, waiting;
   for (VirtualQp* member : g.members) {
     auto it = e.protections.find(member);
     if (it == e.protections.end()) continue;
     Protection& q = it->second;
-    if (&q == passive) {
+    if (passive_of(&q) != nullptr && srq_member_in_use(q) && !q.sw.in_progress) {
       movers.push_back(&q);
       continue;
     }
     if (!srq_member_in_use(q) || q.sw.in_progress || q.qp->active_path() == target) continue;
-    (can_switch_to(q, target) ? movers : blocked).push_back(&q);
+    if (can_switch_to(q, target)) {
+      movers.push_back(&q);
+    } else if (reason != FailoverReason::kFailback && srq_member_still_pairing(q)) {
+      waiting.push_back(&q);
+    } else {
+      blocked.push_back(&q);
+    }
   }
-  if (movers.empty()) return;
+  if (movers.empty()) {
+    g.pending = {};
+    return;
+  }
   if (reason == FailoverReason::kFailback && !blocked.empty()) {
     VF_LOG_DEBUG("srq {:#x}: failback waits for {} more QP(s) to be re-connected",
                  srq.app_srq->handle, blocked.size());
     return;
   }
+  if (!waiting.empty()) {
+    const std::uint64_t now = monotonic_ns();
+    if (!g.pending.active) {
+      g.pending.active = true;
+      g.pending.since_ns = now;
+      VF_LOG_INFO("srq {:#x}: its move to the {} path waits for the pairing of {} QP(s) on it "
+                  "(qp {}{}), at most {} ms",
+                  srq.app_srq->handle, path_name(target), waiting.size(), waiting[0]->qp->vqpn,
+                  waiting.size() > 1 ? ", ..." : "", kSrqPairingWaitNs / 1'000'000);
+    }
+    g.pending.target = target;
+    g.pending.reason = reason;
+    if (now - g.pending.since_ns < kSrqPairingWaitNs) {
+      g.pending.passives = std::move(passives);
+      return;
+    }
+    for (Protection* q : waiting) blocked.push_back(q);  // waited long enough
+  }
+  g.pending = {};
   const int from = srq.active_path();
   if (from != target && srq.may_hold_stale[target] && !sweep_srq(g, target)) {
     if (reason == FailoverReason::kFailback) return;
@@ -1329,13 +1398,13 @@ void switch_srq_group(SrqGroup& g, int target, FailoverReason reason, Protection
   srq.set_holding(true);
   for (Protection* q : blocked) give_up_member(*q, "no usable standby path of its own");
   for (Protection* q : movers) {
-    if (q == passive) {
+    if (const SrqGroup::PassiveMember* m = passive_of(q)) {
       begin_switch(*q, target, reason == FailoverReason::kFailback ? reason
                                                                   : FailoverReason::kPeerRequest,
-                   passive_epoch, false);
+                   m->epoch, false);
     } else {
       // Moved along with the QP whose peer asked: for its own peer, a request of ours.
-      const bool along = passive != nullptr && reason != FailoverReason::kFailback;
+      const bool along = !passives.empty() && reason != FailoverReason::kFailback;
       begin_switch(*q, target, along ? FailoverReason::kPeerRequest : reason, q->epoch + 1, true);
     }
   }
@@ -1351,8 +1420,8 @@ void switch_srq_group(SrqGroup& g, int target, FailoverReason reason, Protection
                 moved, path_name(from), path_name(target), movers.size());
   }
   for (Protection* q : movers) {
-    if (q == passive) {
-      answer_failover(*q, passive_delivered);
+    if (const SrqGroup::PassiveMember* m = passive_of(q)) {
+      answer_failover(*q, m->delivered);
       continue;
     }
     FailoverRequest request;
@@ -1567,13 +1636,22 @@ void on_port_change(int device, std::uint8_t port, ibv_port_state state) {
   VF_LOG_INFO("failover: port {}/{} is {} (was {})", e.devices[device].name, port,
               port_state_name(state), port_state_name(before));
   const bool down = state != IBV_PORT_ACTIVE;
+  if (down) {  // every path on the port first: an SRQ's move must see all its members' paths dead
+    for (auto& [key, p] : e.protections) {
+      for (int path = 0; path < kPathCount; ++path) {
+        PhysicalPath& physical = p.qp->path[path];
+        if (!p.destroyed && physical.device_index == device && physical.port == port) {
+          physical.failed = true;
+        }
+      }
+    }
+  }
   for (auto& [key, p] : e.protections) {
     if (p.destroyed) continue;
     VirtualQp& v = *p.qp;
     for (int path = 0; path < kPathCount; ++path) {
       if (v.path[path].device_index != device || v.path[path].port != port) continue;
       if (down) {
-        v.path[path].failed = true;
         if (v.active_path() == path && !p.sw.in_progress) {
           start_switch(p, other_path(path), FailoverReason::kPortDown);
         }
@@ -1683,6 +1761,9 @@ void on_hello(ControlSession& session) {
 void periodic_work() {
   Engine& e = engine();
   const std::uint64_t now = monotonic_ns();
+  for (auto& [app_srq, g] : e.srqs) {
+    if (g.pending.active) switch_srq_group(g, g.pending.target, g.pending.reason, nullptr, 0, 0);
+  }
   for (auto& [key, p] : e.protections) {
     if (p.destroyed) continue;
     VirtualQp& v = *p.qp;
@@ -1749,6 +1830,9 @@ void periodic_work() {
 
 bool has_pending_work() {
   Engine& e = engine();
+  for (const auto& [app_srq, g] : e.srqs) {
+    if (g.pending.active) return true;
+  }
   for (auto& [key, p] : e.protections) {
     if (p.destroyed) continue;
     if (p.pairing || p.start_pairing_pending || p.pending_event != UINT32_MAX || p.rearm[0].needed || p.rearm[1].needed ||
@@ -2168,10 +2252,16 @@ void pin_srq_group(SrqGroup& g, const std::string& why) {
   }
   g.pinned_reason = why;
   g.srq->pin_to_primary();
+  g.pending = {};  // a move that waited for this pairing will not happen
   VF_LOG_WARN("srq {:#x}: unprotected from now on — {}", g.srq->app_srq->handle, why);
   for (VirtualQp* member : g.members) {
     auto it = e.protections.find(member);
     if (it == e.protections.end() || it->second.destroyed) continue;
+    // A member whose path already failed (its move waited) gets the errors it would have got.
+    if (!it->second.sw.in_progress &&
+        (member->path[kPrimary].failed || member->link_error_seen.load())) {
+      release_held_errors(it->second);
+    }
     member->lock().lock();
     if (!it->second.sw.in_progress) member->set_mode(PostMode::kBypass);
     member->lock().unlock();
