@@ -8,6 +8,7 @@
 #include <netinet/tcp.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -34,6 +35,13 @@ void tune(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof count);
   const unsigned int user_timeout_ms = 3000;
   setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms, sizeof user_timeout_ms);
+}
+
+std::uint64_t monotonic_now_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull +
+         static_cast<std::uint64_t>(ts.tv_nsec);
 }
 
 bool write_all(int fd, const std::uint8_t* data, std::size_t length) {
@@ -85,7 +93,7 @@ bool ControlChannel::listen(std::uint16_t first, std::uint16_t last, std::string
 }
 
 std::uint64_t ControlChannel::adopt(int fd, std::uint32_t address, std::uint16_t port,
-                                    bool outgoing) {
+                                    bool outgoing, std::uint64_t connect_deadline_ns) {
   tune(fd);
   set_nonblocking(fd, true);
   ControlSession session;
@@ -94,24 +102,39 @@ std::uint64_t ControlChannel::adopt(int fd, std::uint32_t address, std::uint16_t
   session.remote_address = address;
   session.remote_port = port;
   session.outgoing = outgoing;
+  session.connecting = connect_deadline_ns != 0;  // the hello waits in its output until it is up
+  session.connect_deadline_ns = connect_deadline_ns;
   const std::uint64_t id = session.id;
   sessions_.emplace(id, std::move(session));
   if (!send(id, hello_)) return 0;
   return id;
 }
 
-std::uint64_t ControlChannel::connect(std::uint32_t address, std::uint16_t port, int timeout_ms,
-                                      std::string& error) {
+namespace {
+
+// A non-blocking socket whose connect to address:port has started: the fd and connect()'s result
+// (errno kept), or -1 with error set when no socket could be made.
+int start_connect(std::uint32_t address, std::uint16_t port, int* result, std::string& error) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) {
     error = fmt::format("socket: {}", strerror(errno));
-    return 0;
+    return -1;
   }
   sockaddr_in target{};
   target.sin_family = AF_INET;
   target.sin_addr.s_addr = address;
   target.sin_port = htons(port);
-  int result = ::connect(fd, reinterpret_cast<sockaddr*>(&target), sizeof target);
+  *result = ::connect(fd, reinterpret_cast<sockaddr*>(&target), sizeof target);
+  return fd;
+}
+
+}  // namespace
+
+std::uint64_t ControlChannel::connect(std::uint32_t address, std::uint16_t port, int timeout_ms,
+                                      std::string& error) {
+  int result = 0;
+  const int fd = start_connect(address, port, &result, error);
+  if (fd < 0) return 0;
   if (result != 0 && errno == EINPROGRESS) {
     pollfd pfd{fd, POLLOUT, 0};
     result = ::poll(&pfd, 1, timeout_ms);
@@ -138,9 +161,63 @@ std::uint64_t ControlChannel::connect(std::uint32_t address, std::uint16_t port,
   return id;
 }
 
+std::uint64_t ControlChannel::connect_async(std::uint32_t address, std::uint16_t port,
+                                            int timeout_ms, std::string& error) {
+  int result = 0;
+  const int fd = start_connect(address, port, &result, error);
+  if (fd < 0) return 0;
+  if (result == 0) {
+    const std::uint64_t id = adopt(fd, address, port, true);
+    if (id == 0) error = "could not send hello";
+    return id;
+  }
+  if (errno != EINPROGRESS) {
+    error = strerror(errno);
+    ::close(fd);
+    return 0;
+  }
+  return adopt(fd, address, port, true,
+               monotonic_now_ns() + static_cast<std::uint64_t>(timeout_ms) * 1'000'000ull);
+}
+
+void ControlChannel::close_and_report(std::uint64_t id, const CloseHandler& on_close) {
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return;
+  const ControlSession copy = it->second;
+  ::close(it->second.fd);
+  sessions_.erase(it);
+  on_close(copy);
+}
+
+void ControlChannel::finish_connect(ControlSession& session, const CloseHandler& on_close) {
+  // The poll result may be another socket's that had this fd number (closed and reused within
+  // one round of handle()): only a socket that is writable or failed right now is done.
+  pollfd pfd{session.fd, POLLOUT, 0};
+  if (::poll(&pfd, 1, 0) <= 0) return;
+  int so_error = 0;
+  socklen_t length = sizeof so_error;
+  if (getsockopt(session.fd, SOL_SOCKET, SO_ERROR, &so_error, &length) != 0) so_error = errno;
+  if (so_error == 0) {
+    session.connecting = false;
+    if (write_all(session.fd, session.output.data(), session.output.size())) {
+      session.output.clear();
+      session.output.shrink_to_fit();
+      return;
+    }
+    so_error = errno;
+  }
+  VF_LOG_DEBUG("control: connecting to {}:{} failed ({})", ipv4_text(session.remote_address),
+               session.remote_port, strerror(so_error));
+  close_and_report(session.id, on_close);
+}
+
 bool ControlChannel::send(std::uint64_t id, const ControlMessage& message) {
   ControlSession* session = find(id);
   if (session == nullptr) return false;
+  if (session->connecting) {
+    encode_control_message(message, session->output);
+    return true;
+  }
   std::vector<std::uint8_t> bytes;
   encode_control_message(message, bytes);
   if (!write_all(session->fd, bytes.data(), bytes.size())) {
@@ -183,7 +260,9 @@ ControlSession* ControlChannel::find_by_endpoint(std::uint32_t address, std::uin
 
 void ControlChannel::collect(std::vector<pollfd>& fds) const {
   if (listen_fd_ >= 0) fds.push_back({listen_fd_, POLLIN, 0});
-  for (const auto& [id, session] : sessions_) fds.push_back({session.fd, POLLIN, 0});
+  for (const auto& [id, session] : sessions_) {
+    fds.push_back({session.fd, static_cast<short>(session.connecting ? POLLOUT : POLLIN), 0});
+  }
 }
 
 void ControlChannel::handle(const std::vector<pollfd>& fds, std::size_t first,
@@ -209,10 +288,27 @@ void ControlChannel::handle(const std::vector<pollfd>& fds, std::size_t first,
   for (int fd : readable) {
     for (auto& [id, session] : sessions_) {
       if (session.fd == fd) {
-        read_from(session, on_message, on_close);
+        if (session.connecting) {
+          finish_connect(session, on_close);
+        } else {
+          read_from(session, on_message, on_close);
+        }
         break;
       }
     }
+  }
+  // Connections that did not come up in time (a host that drops the SYN answers nothing).
+  const std::uint64_t now = monotonic_now_ns();
+  std::vector<std::uint64_t> expired;
+  for (const auto& [id, session] : sessions_) {
+    if (session.connecting && now >= session.connect_deadline_ns) expired.push_back(id);
+  }
+  for (std::uint64_t id : expired) {
+    if (ControlSession* session = find(id)) {
+      VF_LOG_DEBUG("control: connecting to {}:{} timed out", ipv4_text(session->remote_address),
+                   session->remote_port);
+    }
+    close_and_report(id, on_close);
   }
 }
 

@@ -1,7 +1,8 @@
 // The TCP side of the control channel between shims (docs/design.md §5): a listener on the first
-// free port of the configured range, outgoing connections with a bounded connect time, framed
-// messages (control_message.h) in both directions. Single-threaded: only the engine's thread
-// calls it, from its poll loop. No daemon: every process listens on its own port.
+// free port of the configured range, outgoing connections (waited for with a bound, or not
+// waited for at all: connect_async), framed messages (control_message.h) in both directions.
+// Single-threaded: only the engine's thread calls it, from its poll loop. No daemon: every
+// process listens on its own port.
 #pragma once
 
 #include <poll.h>
@@ -25,6 +26,11 @@ struct ControlSession {
   bool hello_received = false;
   Hello peer;  // valid once hello_received
   std::vector<std::uint8_t> input;
+  // connect_async: the TCP connection is not up yet; what is sent meanwhile (the hello first)
+  // waits in `output`, and a connection not up by the deadline is closed.
+  bool connecting = false;
+  std::uint64_t connect_deadline_ns = 0;
+  std::vector<std::uint8_t> output;
 };
 
 class ControlChannel {
@@ -42,6 +48,13 @@ class ControlChannel {
   // Connects within timeout_ms and sends the hello. Returns the session id, 0 on failure.
   std::uint64_t connect(std::uint32_t address, std::uint16_t port, int timeout_ms,
                         std::string& error);
+  // Starts a connection and returns at once: the session exists (messages sent to it are queued
+  // until it is up, the hello first), and if it is not up within timeout_ms, or the peer refuses
+  // it, it is closed through handle()'s close handler. 0 (error says why) when it fails at once.
+  // The engine's thread must never wait for a peer that does not answer: it also detects
+  // failures and switches paths.
+  std::uint64_t connect_async(std::uint32_t address, std::uint16_t port, int timeout_ms,
+                              std::string& error);
   bool send(std::uint64_t session, const ControlMessage& message);
   void close(std::uint64_t session);
   ControlSession* find(std::uint64_t session);
@@ -57,9 +70,14 @@ class ControlChannel {
   void abandon();
 
  private:
-  std::uint64_t adopt(int fd, std::uint32_t address, std::uint16_t port, bool outgoing);
+  // A session on a connected socket (or, with a deadline, one still connecting).
+  std::uint64_t adopt(int fd, std::uint32_t address, std::uint16_t port, bool outgoing,
+                      std::uint64_t connect_deadline_ns = 0);
   void read_from(ControlSession& session, const MessageHandler& on_message,
                  const CloseHandler& on_close);
+  // A connecting session became writable (or failed): up and flushed, or closed.
+  void finish_connect(ControlSession& session, const CloseHandler& on_close);
+  void close_and_report(std::uint64_t id, const CloseHandler& on_close);
 
   int listen_fd_ = -1;
   std::uint16_t port_ = 0;

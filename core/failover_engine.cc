@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -43,6 +44,8 @@ constexpr std::uint64_t kSweepTimeoutNs = 2'000'000'000;
 // How long an SRQ's move waits for a member whose pairing is in flight (a peer's answer takes a
 // round trip; one that has not come in a second is a peer without the shim, or unreachable).
 constexpr std::uint64_t kSrqPairingWaitNs = 1'000'000'000;
+// How long a switch's drain waits for the old path's receive queue to flush (drain_old_path).
+constexpr std::uint64_t kReceiveFlushWaitNs = 100'000'000;
 constexpr std::uint8_t kStandbyRdAtomic = 16;
 
 const void* key_of(std::uint64_t value) { return reinterpret_cast<const void*>(value); }
@@ -916,9 +919,11 @@ void try_next_candidate(Protection& p) {
     ControlSession* session = e.channel.find_by_endpoint(address, port);
     std::uint64_t id = session != nullptr ? session->id : 0;
     if (id == 0) {
+      // Not waited for: a connection that fails later closes its session, and the close
+      // handler moves on to the next candidate.
       std::string error;
-      id = e.channel.connect(address, port, kConnectTimeoutMs, error);
-      if (id == 0) continue;  // nobody listens there
+      id = e.channel.connect_async(address, port, kConnectTimeoutMs, error);
+      if (id == 0) continue;  // refused at once
     }
     if (!e.channel.send(id, describe_standby(p))) continue;
     p.awaiting_session = id;
@@ -1082,6 +1087,56 @@ void finish_switch(Protection& p) {
 
 // This side's half: stop the old path, take what it completed, count what it delivered, move
 // the receives. Returns false if the switch cannot happen.
+// Posts the drain marker on a path's QP that is in ERR. Not for a QP on an SRQ: it has no
+// receive queue of its own to flush (an SRQ is never flushed).
+bool post_drain_marker(Protection& p, int path) {
+  VirtualQp& v = *p.qp;
+  if (v.srq != nullptr) return false;
+  ibv_qp* qp = v.path[path].qp;
+  v.lock().lock();
+  v.clear_drain_marker(path);
+  v.lock().unlock();
+  ibv_recv_wr marker{};
+  marker.wr_id = kDrainMarkerWrId;
+  ibv_recv_wr* bad = nullptr;
+  const int result = engine().verbs.provider_ops(qp->context)->post_recv(qp, &marker, &bad);
+  if (result != 0) {
+    VF_LOG_DEBUG("qp {}: no drain marker on the {} path ({}); its drain takes what is there",
+                 v.vqpn, path_name(path), strerror(result));
+    return false;
+  }
+  return true;
+}
+
+// Takes every completion the old path will ever report into the stash, before the delivered
+// count is read. A device may write a receive's completion after it acknowledged the message
+// (the sender has its success and retires the request): a drain that stopped at the first empty
+// poll would count one message fewer, and the peer would have nothing left to replay. So the
+// drain goes on until the marker's flush shows the receive queue has reported everything, at
+// most kReceiveFlushWaitNs (a device that does not flush a QP in ERR must not stall the switch).
+void drain_old_path(Protection& p, int from) {
+  VirtualQp& v = *p.qp;
+  const bool marked = post_drain_marker(p, from);
+  const std::uint64_t deadline = monotonic_ns() + kReceiveFlushWaitNs;
+  for (unsigned round = 1;; ++round) {
+    v.send_cq->drain_into_stash(from);
+    if (v.recv_cq != v.send_cq) v.recv_cq->drain_into_stash(from);
+    if (!marked) return;
+    v.lock().lock();
+    const bool seen = v.drain_marker_seen(from);
+    v.lock().unlock();
+    if (seen) return;
+    if (monotonic_ns() >= deadline) {
+      VF_LOG_WARN("qp {}: the {} path's receive queue did not flush within {} ms of ERR; a "
+                  "receive completion its device writes later is not counted",
+                  v.vqpn, path_name(from), kReceiveFlushWaitNs / 1'000'000);
+      return;
+    }
+    // Polls back to back (a flush takes microseconds), giving the CPU away now and then.
+    if (round % 64 == 0) sched_yield();
+  }
+}
+
 void begin_switch(Protection& p, int target, FailoverReason reason, std::uint32_t epoch,
                   bool initiator) {
   VirtualQp& v = *p.qp;
@@ -1106,8 +1161,7 @@ void begin_switch(Protection& p, int target, FailoverReason reason, std::uint32_
   // After this the old path's responder drops whatever still arrives: nothing the peer sends
   // on it can be delivered behind our count.
   to_error(v.path[from].qp, from == kPrimary);
-  v.send_cq->drain_into_stash(from);
-  if (v.recv_cq != v.send_cq) v.recv_cq->drain_into_stash(from);
+  drain_old_path(p, from);
   if (target == kStandby) {
     v.send_cq->shadow_active.store(true);
     v.recv_cq->shadow_active.store(true);
@@ -1753,7 +1807,7 @@ void on_hello(ControlSession& session) {
   if (e.channel.find_by_endpoint(best, session.peer.port) != nullptr) return;
   std::string error;
   const std::uint16_t port = session.peer.port;
-  if (e.channel.connect(best, port, kConnectTimeoutMs, error) == 0) {
+  if (e.channel.connect_async(best, port, kConnectTimeoutMs, error) == 0) {
     VF_LOG_DEBUG("control: no second session to {}:{} ({})", ipv4_text(best), port, error);
   }
 }
@@ -2446,6 +2500,20 @@ int FailoverEngine::modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask,
     VF_LOG_DEBUG("qp {}: transport timeout {} -> {} (VERBS_FAILOVER_QP_TIMEOUT)", qp->qp_num,
                  adjusted.timeout, e.config.qp_timeout);
     adjusted.timeout = e.config.qp_timeout;
+  }
+  if ((mask & IBV_QP_STATE) && attr->qp_state == IBV_QPS_RTS && !v->application_failed.load() &&
+      (p.sw.in_progress || v->active_path() != kPrimary)) {
+    // The peer switched the pair between the application's RTR and its RTS: the QP it drives
+    // is in ERR under the engine's hands and its traffic runs on the standby. Its RTS is what a
+    // re-arm will reconnect it with; for the application it succeeds, as it would have.
+    VF_LOG_DEBUG("qp {}: RTS recorded (its traffic is on the {} path)", qp->qp_num,
+                 path_name(v->active_path()));
+    p.attrs.rts = adjusted;
+    p.attrs.rts_mask = mask & ~IBV_QP_STATE;
+    p.attrs.have_rts = true;
+    if (mask & IBV_QP_SQ_PSN) v->path[kPrimary].psn = attr->sq_psn;
+    qp->state = IBV_QPS_RTS;
+    return 0;
   }
   const int result = real(qp, &adjusted, mask);
   if (result != 0 || !(mask & IBV_QP_STATE)) return result;

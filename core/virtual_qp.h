@@ -28,6 +28,10 @@ inline constexpr int kPathCount = 2;
 // Standby receives carry their ring position with this bit set, standby sends their ring
 // sequence without it: an error completion (whose opcode is undefined) still says which it is.
 inline constexpr std::uint64_t kStandbyReceiveTag = 1ull << 63;
+// The wr_id of the drain marker: a zero-SGE receive the engine posts on a path's QP after moving
+// it to ERR. A receive queue completes in order, so its flush says every receive posted before
+// it has reported (docs/design.md §5d). ("VFDRAIN" in ASCII; an application wr_id is hardly it.)
+inline constexpr std::uint64_t kDrainMarkerWrId = 0x0056464452414953ull;
 inline constexpr int kPrimary = static_cast<int>(PathId::kPrimary);
 inline constexpr int kStandby = static_cast<int>(PathId::kStandby);
 inline constexpr int other_path(int path) { return 1 - path; }
@@ -212,6 +216,9 @@ class VirtualQp {
   void set_active_path(int path) { active_.store(path, std::memory_order_relaxed); }
   bool accepting(int path) const { return accepting_[path]; }
   void set_accepting(int path, bool on) { accepting_[path] = on; }
+  // The drain marker's flush was polled on this path (on_completion_locked sets it).
+  bool drain_marker_seen(int path) const { return drain_marker_seen_[path]; }
+  void clear_drain_marker(int path) { drain_marker_seen_[path] = false; }
   RetransmitRing& send_ring() { return send_ring_; }
   ReceiveRing& recv_ring() { return recv_ring_; }
   // Posts what the rings hold beyond what the active path already has. Returns false when a
@@ -260,6 +267,7 @@ class VirtualQp {
   std::atomic<PostMode> mode_{PostMode::kDirect};  // written under lock_; read by wr_start without it
   std::atomic<int> active_{kPrimary};
   bool accepting_[kPathCount] = {true, false};
+  bool drain_marker_seen_[kPathCount] = {false, false};
   RetransmitRing send_ring_;
   ReceiveRing recv_ring_;
   std::uint64_t next_send_to_post_ = 1;  // ring sequence

@@ -332,12 +332,18 @@ bool VirtualQp::on_error_completion(CqState& cq, int p, ibv_wc& wc) {
 bool VirtualQp::on_completion_locked(CqState& cq, int p, ibv_wc& wc) {
   if (__builtin_expect(!accepting_[p], 0)) {
     // A path traffic has left: whatever it still reports was drained, replayed or synthesized.
-    if (wc.status != IBV_WC_SUCCESS) {
+    if (wc.wr_id == kDrainMarkerWrId && wc.status == IBV_WC_WR_FLUSH_ERR) {
+      drain_marker_seen_[p] = true;
+    } else if (wc.status != IBV_WC_SUCCESS) {
       counters.hidden_error_completions.fetch_add(1, std::memory_order_relaxed);
     }
     return false;
   }
   if (__builtin_expect(wc.status != IBV_WC_SUCCESS, 0)) {
+    if (wc.wr_id == kDrainMarkerWrId && wc.status == IBV_WC_WR_FLUSH_ERR) {
+      drain_marker_seen_[p] = true;  // the engine's, never the application's
+      return false;
+    }
     return mode_ == PostMode::kBypass ? true : on_error_completion(cq, p, wc);
   }
   const bool receive = (wc.opcode & IBV_WC_RECV) != 0;

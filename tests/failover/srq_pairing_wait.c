@@ -8,7 +8,9 @@
    up). Then fake2's port goes down: B1 fails over and asks A1 to follow, and A1 can only move
    with its SRQ. Moving the SRQ's receives without A3 would fail A3 (its receives gone), so the
    shim must wait: the program waits for the shim's log line saying so, only then creates B3
-   and connects it to A3 (their pairing completes), and the SRQ moves with both QPs.
+   and connects it to A3 (their pairing completes at B3's RTR), and the SRQ moves with both QPs.
+   B3 is switched along before the program moves it to RTS (it waits for that): its RTS must
+   still succeed.
 
    Checked from the application's side: A3 -> B3 SENDs and one SEND each way between A1 and B1
    (B1 -> A1 takes an SRQ receive) complete successfully, in order, with their payloads; every
@@ -21,6 +23,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <sched.h>
 #include <fcntl.h>
 #include <infiniband/verbs.h>
 #include <stdarg.h>
@@ -140,6 +143,31 @@ static void create_qp(struct qp* q, struct host* h, struct ibv_srq* srq, const c
 static void connect_qp(struct qp* q, uint32_t dest_qpn, union ibv_gid dgid) {
   const int step = vf_test_rc_connect(q->qp, dest_qpn, dgid, 1, ACCESS);
   if (step != 0) setup_fail("connecting %s (step %d)", q->name, step);
+}
+
+/* B3 to INIT and RTR (it pairs with A3 there), then, with the shim, wait until the shim has
+   switched it along with A's SRQ (its own QP leaves RTR: the fake's state, read without a
+   progress step), and only then to RTS: an application whose QP the peer switched between its
+   RTR and its RTS must still get its RTS (the shim records it for the QP's re-arm). Same
+   steps as vf_test_rc_connect. */
+static void connect_b3(struct qp* q, uint32_t dest_qpn, union ibv_gid dgid, int with_shim) {
+  if (vf_test_rc_to_init(q->qp, ACCESS)) setup_fail("B3 to INIT");
+  if (vf_test_rc_to_rtr(q->qp, dest_qpn, dgid, 1)) setup_fail("B3 to RTR");
+  if (with_shim) {
+    int (*qp_stats)(uint32_t, struct fake_verbs_qp_stats*) =
+        (int (*)(uint32_t, struct fake_verbs_qp_stats*))fake_sym("fake_verbs_query_qp_stats");
+    const uint64_t deadline = now_ms() + WAIT_MS;
+    struct fake_verbs_qp_stats st;
+    memset(&st, 0, sizeof st);
+    /* The switch moves it to ERR, and right after to RESET and INIT, ready to be re-armed. */
+    while (now_ms() < deadline && qp_stats(q->qp->qp_num, &st) == 0 && st.qp_state == IBV_QPS_RTR)
+      sched_yield();
+    if (st.qp_state == IBV_QPS_RTR)
+      fail("B3 was not switched along with A3 within %d ms (its QP is in state %llu)", WAIT_MS,
+           (unsigned long long)st.qp_state);
+  }
+  const int rc = vf_test_rc_to_rts(q->qp);
+  if (rc != 0) fail("B3: ibv_modify_qp to RTS failed (%s)", strerror(rc));
 }
 
 /* Receive slot i of a host's buffer (the upper half; sources are in the lower half). */
@@ -316,7 +344,7 @@ int main(int argc, char** argv) {
   create_qp(&b3, &b, NULL, "B3");
   if (b3.qp->qp_num != b3_expected)
     setup_fail("B3 got QP number %u, not the %u A3 was connected to", b3.qp->qp_num, b3_expected);
-  connect_qp(&b3, a3.qp->qp_num, a.gid);
+  connect_b3(&b3, a3.qp->qp_num, a.gid, shim_log != NULL);
   for (int i = 0; i < A3_MESSAGES; ++i) post_recv_to(&b3, NULL, B3_SLOTS + i);
   printf("QPN A=%u B=%u\n", a3.qp->qp_num, b3.qp->qp_num);
   printf("QPN A1=%u B1=%u\n", a1.qp->qp_num, b1.qp->qp_num);

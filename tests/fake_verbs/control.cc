@@ -75,6 +75,14 @@ FAKE_EXPORT int fake_verbs_set_delay(int index, unsigned steps) {
   return 0;
 }
 
+FAKE_EXPORT int fake_verbs_set_recv_completion_delay(int index, unsigned steps) {
+  auto lock = fabric_lock();
+  Device* dev = device_at(index);
+  if (dev == nullptr) return -1;
+  dev->recv_cqe_delay_steps = steps;
+  return 0;
+}
+
 FAKE_EXPORT void fake_verbs_progress(void) {
   auto lock = fabric_lock();
   progress_step_locked();
@@ -130,6 +138,7 @@ FAKE_EXPORT void fake_verbs_reset(void) {
     dev->port_up = true;
     dev->drop = false;
     dev->delay_steps = 0;
+    dev->recv_cqe_delay_steps = 0;
     dev->stats = DeviceStats{};
   }
   for (Qp* qp : fabric().qps) qp->stats = QpStats{};

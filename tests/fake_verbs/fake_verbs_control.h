@@ -50,6 +50,12 @@ int fake_verbs_set_drop(int device_index, int enabled);
  * ends' delays applies; fixed when the WR is posted). 0 = deliver in the posting call. */
 int fake_verbs_set_delay(int device_index, unsigned steps);
 
+/* Receive completions (successes and flushes, in order) of the device's QPs reach their CQ
+ * 'steps' progress steps after the message was placed and acknowledged; the requester's send
+ * completes at once. Models a device that writes the receive CQE after sending the ACK.
+ * 0 = at once. Returns 0, or -1 for a bad index. */
+int fake_verbs_set_recv_completion_delay(int device_index, unsigned steps);
+
 /* Runs one progress step (same as what every post/poll call does). */
 void fake_verbs_progress(void);
 

@@ -97,6 +97,9 @@ struct Device {
   bool port_up = true;
   bool drop = false;         // silent drop of everything to/from this device
   unsigned delay_steps = 0;  // deliveries to/from this device wait this many progress steps
+  // Receive completions of this device's QPs reach their CQ this many steps after the message
+  // was placed and acknowledged (fake_verbs_set_recv_completion_delay).
+  unsigned recv_cqe_delay_steps = 0;
   DeviceStats stats;
   std::vector<Context*> contexts;  // open contexts, to raise async events on
 };
@@ -208,6 +211,9 @@ struct Qp {
   uint32_t ece_options = kEceSupportedOptions;  // ibv_set_ece; back to the default at RESET
   std::deque<SendWork> send_queue;  // outstanding: not yet completed
   std::deque<RecvWork> recv_queue;
+  // Receive-queue completions not written yet (recv_cqe_delay_steps): the step they are due,
+  // in order (a work queue completes in order, flushes included).
+  std::deque<std::pair<uint64_t, ibv_wc>> late_recv_cqes;
   QpStats stats;
   // ibv_wr_* batch being built between wr_start and wr_complete/wr_abort
   bool in_batch = false;
@@ -274,6 +280,9 @@ void register_mr_locked(Mr* mr);
 void unregister_mr_locked(Mr* mr);
 Device* find_device_by_gid_locked(const ibv_gid& gid);
 Qp* find_qp_locked(Device* dev, uint32_t qp_num);
+// A completion of the QP's receive queue (success or flush): to its CQ now, or after the
+// device's recv_cqe_delay_steps, never ahead of one still waiting.
+void push_recv_completion_locked(Qp* qp, const ibv_wc& wc);
 void move_qp_to_error_locked(Qp* qp);
 void fail_head_locked(Qp* qp, ibv_wc_status status);  // head WR completes in error, QP -> ERR
 void progress_step_locked();  // one deterministic progress step over all QPs

@@ -224,6 +224,7 @@ FAKE_EXPORT int ibv_modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) {
     // RESET silently discards work without completions, like the kernel; attributes restart.
     qp->send_queue.clear();
     qp->recv_queue.clear();
+    qp->late_recv_cqes.clear();
     ibv_qp_cap cap = qp->attr.cap;
     qp->attr = ibv_qp_attr{};
     qp->attr.cap = cap;
@@ -324,7 +325,7 @@ int post_recv_op(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
       wc.status = IBV_WC_WR_FLUSH_ERR;
       wc.opcode = IBV_WC_RECV;
       wc.qp_num = ibqp->qp_num;
-      push_completion_locked(qp->recv_cq, wc);
+      push_recv_completion_locked(qp, wc);
       continue;
     }
     qp->recv_queue.push_back(std::move(rw));

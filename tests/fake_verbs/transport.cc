@@ -15,6 +15,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include <algorithm>
+
 #include "internal.h"
 
 namespace fake_verbs {
@@ -70,7 +72,7 @@ void complete_recv_error(Qp* qp, const RecvWork& r, ibv_wc_status status) {
   wc.status = status;
   wc.opcode = IBV_WC_RECV;
   wc.qp_num = qp->shell.qpx.qp_base.qp_num;
-  push_completion_locked(qp->recv_cq, wc);
+  push_recv_completion_locked(qp, wc);
 }
 
 // Translates [addr, addr+len) of an MR's address space (iova) to host memory, or nullptr.
@@ -297,7 +299,7 @@ bool execute_head(Qp* qp) {
       wc.wc_flags |= IBV_WC_WITH_IMM;
     }
     if (w.send_flags & IBV_SEND_SOLICITED) wc.wc_flags |= 1u << 31;  // see push_completion_locked
-    push_completion_locked(r->recv_cq, wc);
+    push_recv_completion_locked(r, wc);
     after_srq_consume(r);
   }
   ++qp->stats.messages_sent;
@@ -325,9 +327,26 @@ void fail_head_locked(Qp* qp, ibv_wc_status status) {
   move_qp_to_error_locked(qp);
 }
 
+void push_recv_completion_locked(Qp* qp, const ibv_wc& wc) {
+  const unsigned delay = qp->ctx->device->recv_cqe_delay_steps;
+  if (delay == 0 && qp->late_recv_cqes.empty()) {
+    push_completion_locked(qp->recv_cq, wc);
+    return;
+  }
+  uint64_t due = fabric().step + delay;
+  if (!qp->late_recv_cqes.empty()) due = std::max(due, qp->late_recv_cqes.back().first);
+  qp->late_recv_cqes.emplace_back(due, wc);
+}
+
 void progress_step_locked() {
   Fabric& f = fabric();
   ++f.step;
+  for (Qp* qp : f.qps) {
+    while (!qp->late_recv_cqes.empty() && qp->late_recv_cqes.front().first <= f.step) {
+      push_completion_locked(qp->recv_cq, qp->late_recv_cqes.front().second);
+      qp->late_recv_cqes.pop_front();
+    }
+  }
   // Index loop: execution never creates or destroys QPs, but stay robust anyway.
   for (size_t i = 0; i < f.qps.size(); ++i) pump(f.qps[i]);
 }

@@ -30,6 +30,7 @@ struct Control {
   int (*query_qp_stats)(uint32_t, fake_verbs_qp_stats*);
   int (*query_device_stats)(int, fake_verbs_device_stats*);
   int (*list_qps)(int, uint32_t*, int);
+  int (*set_recv_completion_delay)(int, unsigned);
   void (*reset)();
 };
 
@@ -53,6 +54,7 @@ inline Control& ctl() {
     resolve(k.query_qp_stats, "fake_verbs_query_qp_stats");
     resolve(k.query_device_stats, "fake_verbs_query_device_stats");
     resolve(k.list_qps, "fake_verbs_list_qps");
+    resolve(k.set_recv_completion_delay, "fake_verbs_set_recv_completion_delay");
     resolve(k.reset, "fake_verbs_reset");
     return k;
   }();

@@ -206,3 +206,37 @@ TEST_CASE("reset restores ports, drop, delay and zeroes counters") {
   CHECK(ds.rx_messages == 1);
   CHECK(ds.tx_messages == 0);
 }
+
+TEST_CASE("late receive completions: the sender completes at once, the receiver's CQE comes later, "
+          "in order with the flushes") {
+  Clean clean;
+  Pair p;
+  Region src(p.a.pd, 64);
+  Region dst(p.b.pd, 256);
+  REQUIRE(ctl().set_recv_completion_delay(2, 10) == 0);  // fake2: host B, where p.b lives
+  REQUIRE(post_recv(p.b.qp, 1, {dst.sge(0, 64)}) == 0);
+  REQUIRE(post_recv(p.b.qp, 2, {dst.sge(64, 64)}) == 0);
+  Send s;
+  s.wr_id = 7;
+  s.sges = {src.sge(0, 8)};
+  REQUIRE(post_send(p.a.qp, s) == 0);
+  ibv_wc sent = poll_one(p.a.send_cq);  // placed and acknowledged
+  CHECK(sent.status == IBV_WC_SUCCESS);
+  CHECK(qp_stats(p.b.qp).messages_received == 1);
+  ibv_wc wc{};
+  CHECK(ibv_poll_cq(p.b.recv_cq, 1, &wc) == 0);  // still inside the device
+  // The QP goes to ERR and a receive is posted: both flushes queue behind the late success.
+  ibv_qp_attr err{};
+  err.qp_state = IBV_QPS_ERR;
+  REQUIRE(ibv_modify_qp(p.b.qp, &err, IBV_QP_STATE) == 0);
+  REQUIRE(post_recv(p.b.qp, 3, {}) == 0);
+  CHECK(ibv_poll_cq(p.b.recv_cq, 1, &wc) == 0);
+  auto wcs = poll(p.b.recv_cq, 3, 40);
+  REQUIRE(wcs.size() == 3);
+  CHECK(wcs[0].wr_id == 1);
+  CHECK(wcs[0].status == IBV_WC_SUCCESS);
+  CHECK(wcs[1].wr_id == 2);
+  CHECK(wcs[1].status == IBV_WC_WR_FLUSH_ERR);
+  CHECK(wcs[2].wr_id == 3);
+  CHECK(wcs[2].status == IBV_WC_WR_FLUSH_ERR);
+}
