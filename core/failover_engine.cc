@@ -45,7 +45,7 @@ constexpr std::uint64_t kSweepTimeoutNs = 2'000'000'000;
 // round trip; one that has not come in a second is a peer without the shim, or unreachable).
 constexpr std::uint64_t kSrqPairingWaitNs = 1'000'000'000;
 // How long a switch's drain waits for the old path's receive queue to flush (drain_old_path).
-constexpr std::uint64_t kReceiveFlushWaitNs = 100'000'000;
+constexpr std::uint64_t kReceiveFlushWaitNs = 50'000'000;
 constexpr std::uint8_t kStandbyRdAtomic = 16;
 
 const void* key_of(std::uint64_t value) { return reinterpret_cast<const void*>(value); }
@@ -93,6 +93,9 @@ struct Device {
   std::uint8_t port_count = 0;
   PortInfoState ports[kMaxPorts + 1];
   int max_qp_rd_atom = 1;
+  // Whether the device flushes a receive posted to a QP in ERR (the drain marker, §5d): learnt
+  // at the first switch. One that does not (rxe of older kernels) is not waited for again.
+  enum class MarkerFlush { kUnknown, kYes, kNo } marker_flush = MarkerFlush::kUnknown;
 };
 
 struct MrRecord {
@@ -1092,6 +1095,9 @@ void finish_switch(Protection& p) {
 bool post_drain_marker(Protection& p, int path) {
   VirtualQp& v = *p.qp;
   if (v.srq != nullptr) return false;
+  if (engine().devices[v.path[path].device_index].marker_flush == Device::MarkerFlush::kNo) {
+    return false;
+  }
   ibv_qp* qp = v.path[path].qp;
   v.lock().lock();
   v.clear_drain_marker(path);
@@ -1125,11 +1131,23 @@ void drain_old_path(Protection& p, int from) {
     v.lock().lock();
     const bool seen = v.drain_marker_seen(from);
     v.lock().unlock();
-    if (seen) return;
+    Device& device = engine().devices[v.path[from].device_index];
+    if (seen) {
+      device.marker_flush = Device::MarkerFlush::kYes;
+      return;
+    }
     if (monotonic_ns() >= deadline) {
-      VF_LOG_WARN("qp {}: the {} path's receive queue did not flush within {} ms of ERR; a "
-                  "receive completion its device writes later is not counted",
-                  v.vqpn, path_name(from), kReceiveFlushWaitNs / 1'000'000);
+      if (device.marker_flush == Device::MarkerFlush::kUnknown) {
+        device.marker_flush = Device::MarkerFlush::kNo;
+        VF_LOG_WARN("failover: {} does not flush a receive posted to a QP in ERR (waited {} ms, "
+                    "qp {}); its switches drain what its CQ holds, and a receive completion it "
+                    "writes after its ACK would not be counted",
+                    device.name, kReceiveFlushWaitNs / 1'000'000, v.vqpn);
+      } else {
+        VF_LOG_WARN("qp {}: the {} path's receive queue did not flush within {} ms of ERR; a "
+                    "receive completion its device writes later is not counted",
+                    v.vqpn, path_name(from), kReceiveFlushWaitNs / 1'000'000);
+      }
       return;
     }
     // Polls back to back (a flush takes microseconds), giving the CPU away now and then.
