@@ -1,5 +1,5 @@
 # shellcheck shell=bash disable=SC2034 # the SCENARIO_* settings are read by the runner
-# Failover: ibv_srq_pingpong -d rxe0 -g 1 -c, 16 RC QPs sharing one SRQ, 16000 x 4 KiB between the
+# Failover: ibv_srq_pingpong -d rxe0 -g 1 -c, 16 RC QPs sharing one SRQ, 10000 x 4 KiB between the
 # hosts with the shim on every process; cable cut (QEMU set_link off) of A's rail 0, seen by A
 # only, after traffic has run a few seconds. Every process must finish (exit 0, full count, no bad
 # buffer) and the shim's stats must show the failover (scripts/lab/scenarios/_cut.sh,
@@ -8,7 +8,7 @@ SCENARIO_DESC="cable_cut A rail0 mid srq_pingpong (16 QPs, one SRQ), shim: all e
 SCENARIO_KIND=failover
 SCENARIO_SHIM=required
 SCENARIO_NOSHIM=yes
-SCENARIO_TIMEOUT=240
+SCENARIO_TIMEOUT=300
 
 # shellcheck source=scripts/lab/scenarios/_cut.sh
 source "$LAB_DIR/scenarios/_cut.sh"
