@@ -18,6 +18,14 @@ if grep -qE 'qp [0-9]+: unprotected' <<<"$out"; then echo "check_protected: a QP
 if ! grep -qE "empty_poll_ns=[0-9.]+ post_send_ns=[0-9.]+ send_poll_ns=[0-9.]+ post_recv_ns=[0-9.]+ recv_poll_ns=[0-9.]+ iterations=$iterations" <<<"$out"; then
   echo "check_protected: the benchmark's figures line is missing"; problems=1
 fi
+# The baseline runs (no shim, --idle-pair: the fake's fabric then holds as many connected QPs as
+# under the shim) must work too, or bench/run.sh would have nothing to compare with.
+baseline=$(LD_LIBRARY_PATH="$fake_dir" "$bench" "$iterations" --idle-pair 2>&1)
+status=$?
+if [ "$status" -ne 0 ] || ! grep -qE "post_send_ns=[0-9.]+ .*iterations=$iterations" <<<"$baseline"; then
+  echo "check_protected: the baseline run (no shim, --idle-pair) failed (exit $status): $baseline"
+  problems=1
+fi
 if [ "$problems" -ne 0 ]; then
   printf '%s\n' "--- output ---" "$out"
   exit 1

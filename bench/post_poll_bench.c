@@ -13,8 +13,13 @@
      recv_poll_ns    ibv_poll_cq reaping receive completions, per completion (16 per batch, polled
                      with num_entries=16; the peer's inline 8-byte SENDs are not timed)
    Run it with and without LD_PRELOAD=libverbs_failover.so (bench/run.sh alternates the two) and
-   compare: the fake's own cost is the same in both, the difference is what the shim adds.
-   Usage: post_poll_bench [iterations]   (needs LD_LIBRARY_PATH at the fake libibverbs) */
+   compare: the difference is what the shim adds.
+   --idle-pair (bench/run.sh gives it to the runs without the shim) also connects an RC QP pair
+   between fake1 and fake3 that carries nothing, like the standby pair the shim creates. The fake
+   (not a real provider) visits every QP of its fabric on each post and poll (its progress
+   model), so without that pair the runs without the shim would do less of the fake's own work
+   and the difference would charge the fake's cost of the standby QPs to the shim's code.
+   Usage: post_poll_bench [iterations] [--idle-pair]   (needs LD_LIBRARY_PATH at the fake) */
 #define _GNU_SOURCE
 #include <infiniband/verbs.h>
 
@@ -67,14 +72,25 @@ static void connect_end(struct end* e, struct end* peer) {
 
 int main(int argc, char** argv) {
   const long iterations = argc > 1 ? atol(argv[1]) : 1000000;
+  const int idle_pair = argc > 2 && strcmp(argv[2], "--idle-pair") == 0;
+  if (iterations < 16 || (argc > 2 && !idle_pair)) {
+    fprintf(stderr, "usage: post_poll_bench [iterations >= 16] [--idle-pair]\n");
+    return 2;
+  }
   int num = 0;
   struct ibv_device** list = ibv_get_device_list(&num);
-  if (!list || num < 3) fail("device list (run with LD_LIBRARY_PATH at the fake libibverbs)");
-  static struct end a, b;
+  if (!list || num < 4) fail("device list (run with LD_LIBRARY_PATH at the fake libibverbs)");
+  static struct end a, b, idle_c, idle_d;
   open_end(&a, list[0]);
   open_end(&b, list[2]);
   connect_end(&a, &b);
   connect_end(&b, &a);
+  if (idle_pair) {
+    open_end(&idle_c, list[1]);
+    open_end(&idle_d, list[3]);
+    connect_end(&idle_c, &idle_d);
+    connect_end(&idle_d, &idle_c);
+  }
 
   struct ibv_wc wc[4];
   for (long i = 0; i < 1000; ++i) ibv_poll_cq(a.cq, 4, wc); /* warm up */

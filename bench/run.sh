@@ -19,7 +19,9 @@ labels=("ibv_poll_cq, empty CQ (per call)" "ibv_post_send, inline 8 B write" \
 declare -A base shimmed
 field() { sed -E "s/.*$1=([0-9.]+).*/\1/" <<<"$2"; }
 for ((r = 0; r < rounds; r++)); do
-  line=$(LD_LIBRARY_PATH="$fake_dir" taskset -c 0 "$bench" "$iterations")
+  # --idle-pair: the same number of connected QPs on the fake as under the shim (its standby
+  # pair), so the fake's own per-call work is alike in both runs (post_poll_bench.c says why).
+  line=$(LD_LIBRARY_PATH="$fake_dir" taskset -c 0 "$bench" "$iterations" --idle-pair)
   echo "round $r no shim: $line"
   for f in "${fields[@]}"; do base[$f]+="$(field "$f" "$line") "; done
   line=$(LD_LIBRARY_PATH="$fake_dir" LD_PRELOAD="$shim" taskset -c 0 "$bench" "$iterations")

@@ -20,6 +20,7 @@
 
 #include "core/clock.h"
 #include "core/control_channel.h"
+#include "core/datapath_registries.h"
 #include "core/device_pairs.h"
 #include "core/log.h"
 #include "core/object_registry.h"
@@ -28,6 +29,7 @@
 #include "core/virtual_srq.h"
 
 namespace vf {
+
 namespace {
 
 constexpr std::uint8_t kMaxPorts = 4;
@@ -49,9 +51,6 @@ constexpr std::uint64_t kReceiveFlushWaitNs = 50'000'000;
 constexpr std::uint8_t kStandbyRdAtomic = 16;
 
 const void* key_of(std::uint64_t value) { return reinterpret_cast<const void*>(value); }
-std::uint64_t qpn_key(int device, std::uint32_t qpn) {
-  return (static_cast<std::uint64_t>(device + 1) << 32) | qpn;
-}
 
 const char* path_name(int path) { return path == kPrimary ? "primary" : "standby"; }
 
@@ -228,9 +227,6 @@ struct ChannelState {
   std::vector<CqState*> cqs;
 };
 
-using VirtualQpRegistry = ObjectRegistry<VirtualQp, 1 << 16>;
-using QpnRegistry = ObjectRegistry<VirtualQp, 1 << 17>;
-using CqRegistry = ObjectRegistry<CqState, 1 << 14>;
 using KeyRegistry = ObjectRegistry<KeyTranslation, 1 << 17>;
 using SrqRegistry = ObjectRegistry<VirtualSrq, 1 << 12>;
 
@@ -268,18 +264,9 @@ Engine& engine() {
   static Engine* instance = new Engine;  // never destroyed: the thread may outlive main
   return *instance;
 }
-VirtualQpRegistry& qps_by_address() {
-  static auto* registry = new VirtualQpRegistry;
-  return *registry;
-}
-QpnRegistry& qps_by_qpn() {
-  static auto* registry = new QpnRegistry;
-  return *registry;
-}
-CqRegistry& cqs_by_address() {
-  static auto* registry = new CqRegistry;
-  return *registry;
-}
+VirtualQpRegistry& qps_by_address() { return datapath_registries::qps_by_address; }
+QpnRegistry& qps_by_qpn() { return datapath_registries::qps_by_qpn; }
+CqRegistry& cqs_by_address() { return datapath_registries::cqs_by_address; }
 SrqRegistry& srqs_by_address() {
   static auto* registry = new SrqRegistry;
   return *registry;
@@ -319,10 +306,6 @@ bool translate_rkey(std::uint64_t peer, std::uint32_t rkey, std::uint32_t* out) 
 void wake_engine() {
   const int fd = engine().wake_fd;
   if (fd >= 0) eventfd_write(fd, 1);
-}
-
-VirtualQp* find_by_qpn(int device, std::uint32_t qpn) {
-  return qps_by_qpn().find(key_of(qpn_key(device, qpn)));
 }
 
 // Registry values are owned by key_storage (engine mutex held).
@@ -2057,7 +2040,6 @@ bool start_engine() {
   services.translate_lkey = translate_lkey;
   services.translate_rkey = translate_rkey;
   services.wake_engine = wake_engine;
-  services.find_by_qpn = find_by_qpn;
   set_datapath_services(services);
   if (e.config.stats_interval_s > 0) {
     e.next_stats_ns = monotonic_ns() + static_cast<std::uint64_t>(e.config.stats_interval_s * 1e9);
@@ -2497,8 +2479,8 @@ void FailoverEngine::on_qp_created(ibv_qp* qp, const ibv_qp_init_attr_ex& attr) 
   p.qp = std::move(virtual_qp);
   p.app_pd = attr.pd;
   p.unprotected_reason = "not paired yet (the application has not connected it)";
-  qps_by_qpn().insert(key_of(qpn_key(device, qp->qp_num)), v);
-  qps_by_qpn().insert(key_of(qpn_key(backup, standby->qp_num)), v);
+  qps_by_qpn().insert(qpn_registry_key(device, qp->qp_num), v);
+  qps_by_qpn().insert(qpn_registry_key(backup, standby->qp_num), v);
   qps_by_address().insert(qp, v);
   VF_LOG_DEBUG("qp {}: standby qp {} created on {}/{}", qp->qp_num, standby->qp_num,
                e.devices[backup].name, v->path[kStandby].port);
@@ -2622,9 +2604,9 @@ void FailoverEngine::on_qp_destroy(ibv_qp* qp) {
   if (it == e.protections.end()) return;
   if (SrqGroup* group = group_of(*v)) std::erase(group->members, v);
   qps_by_address().erase(qp);
-  qps_by_qpn().erase(key_of(qpn_key(v->path[kPrimary].device_index, qp->qp_num)));
+  qps_by_qpn().erase(qpn_registry_key(v->path[kPrimary].device_index, qp->qp_num));
   if (v->path[kStandby].qp != nullptr) {
-    qps_by_qpn().erase(key_of(qpn_key(v->path[kStandby].device_index, v->path[kStandby].qp->qp_num)));
+    qps_by_qpn().erase(qpn_registry_key(v->path[kStandby].device_index, v->path[kStandby].qp->qp_num));
   }
   // A poller that found the record before the erase is done with it once it lets go of the CQ.
   v->send_cq->lock.lock();

@@ -4,6 +4,7 @@
 // after it) and the receives still pending are posted again, in order, on the standby path.
 #pragma once
 
+#include <errno.h>
 #include <infiniband/verbs.h>
 
 #include <algorithm>
@@ -24,8 +25,22 @@ class ReceiveRing {
 
   ReceiveRing(std::uint32_t capacity, std::uint32_t max_sge);
 
-  // 0, ENOMEM when full (the receive queue is), EINVAL beyond the SGE limit.
-  int record(const ibv_recv_wr& wr);
+  // 0, ENOMEM when full (the receive queue is), EINVAL beyond the SGE limit. Inline: it runs
+  // inside every ibv_post_recv of a protected QP.
+  [[gnu::always_inline]] int record(const ibv_recv_wr& wr) {
+    if (__builtin_expect(pending() >= capacity_, 0)) return ENOMEM;
+    // NCCL posts receives with num_sge = 0 (RDMA_WRITE_WITH_IMM carries no payload to them).
+    const int num_sge = wr.num_sge;
+    if (__builtin_expect(num_sge < 0 || static_cast<std::uint32_t>(num_sge) > max_sge_, 0)) {
+      return EINVAL;
+    }
+    const std::uint32_t slot = slot_of(tail_);
+    records_[slot] = {wr.wr_id, static_cast<std::uint32_t>(num_sge)};
+    ibv_sge* sge = &sge_storage_[static_cast<std::size_t>(slot) * max_sge_];
+    for (int i = 0; i < num_sge; ++i) sge[i] = wr.sg_list[i];
+    ++tail_;
+    return 0;
+  }
 
   // A successful receive completion reached the application: RC consumes receives in posting
   // order, so it is the oldest pending one. Returns false when nothing was pending (a completion

@@ -8,11 +8,6 @@
 
 namespace vf {
 
-bool SendRecord::consumes_receive() const {
-  return wr.opcode == IBV_WR_SEND || wr.opcode == IBV_WR_SEND_WITH_IMM ||
-         wr.opcode == IBV_WR_RDMA_WRITE_WITH_IMM || wr.opcode == IBV_WR_SEND_WITH_INV;
-}
-
 bool SendRecord::is_atomic() const {
   return wr.opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wr.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
 }
@@ -28,42 +23,6 @@ RetransmitRing::RetransmitRing(std::uint32_t capacity, std::uint32_t max_sge,
       sge_storage_(static_cast<std::size_t>(slots_) * max_sge_),
       inline_storage_(static_cast<std::size_t>(slots_) * max_inline_),
       signaled_(slots_) {}
-
-int RetransmitRing::record(const ibv_send_wr& wr, bool signal_all) {
-  if (outstanding() >= capacity_) return ENOMEM;
-  const bool is_inline = (wr.send_flags & IBV_SEND_INLINE) != 0;
-  if (wr.num_sge < 0 || static_cast<std::uint32_t>(wr.num_sge) > max_sge_) return EINVAL;
-  std::uint64_t inline_length = 0;
-  for (int i = 0; i < wr.num_sge; ++i) inline_length += wr.sg_list[i].length;
-  if (is_inline && inline_length > max_inline_) return EINVAL;
-
-  const std::uint32_t slot = slot_of(tail_);
-  SendRecord& entry = records_[slot];
-  entry.sequence = next_sequence_;
-  entry.wr = wr;
-  entry.wr.next = nullptr;
-  entry.wr.sg_list = nullptr;
-  entry.num_sge = static_cast<std::uint32_t>(wr.num_sge);
-  entry.inline_length = 0;
-  entry.signaled = signal_all || (wr.send_flags & IBV_SEND_SIGNALED) != 0;
-  ibv_sge* sge = &sge_storage_[static_cast<std::size_t>(slot) * max_sge_];
-  std::copy_n(wr.sg_list, wr.num_sge, sge);
-  if (is_inline) {
-    std::uint8_t* data = &inline_storage_[static_cast<std::size_t>(slot) * max_inline_];
-    for (int i = 0; i < wr.num_sge; ++i) {
-      std::memcpy(data + entry.inline_length,
-                  reinterpret_cast<const void*>(static_cast<std::uintptr_t>(wr.sg_list[i].addr)),
-                  wr.sg_list[i].length);
-      entry.inline_length += wr.sg_list[i].length;
-    }
-  }
-  if (entry.consumes_receive()) ++messages_posted_;
-  entry.message_index = messages_posted_;
-  if (entry.signaled) push_signaled(tail_);
-  ++next_sequence_;
-  ++tail_;
-  return 0;
-}
 
 void RetransmitRing::drop_newest(std::uint32_t count) {
   while (count-- > 0 && tail_ > head_) {

@@ -5,7 +5,10 @@
 
 #include <infiniband/verbs.h>
 
+#include <errno.h>
+
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 namespace vf {
@@ -19,8 +22,12 @@ struct SendRecord {
   std::uint32_t num_sge = 0;
   std::uint32_t inline_length = 0;
   bool signaled = false;  // a completion will report it (IBV_SEND_SIGNALED or sq_sig_all)
-  bool consumes_receive() const;
+  bool consumes_receive() const { return opcode_consumes_receive(wr.opcode); }
   bool is_atomic() const;
+  static constexpr bool opcode_consumes_receive(ibv_wr_opcode opcode) {
+    return opcode == IBV_WR_SEND || opcode == IBV_WR_SEND_WITH_IMM ||
+           opcode == IBV_WR_RDMA_WRITE_WITH_IMM || opcode == IBV_WR_SEND_WITH_INV;
+  }
 };
 
 class RetransmitRing {
@@ -34,6 +41,7 @@ class RetransmitRing {
   // Copies one work request (its SGEs, and its payload when IBV_SEND_INLINE: the application may
   // reuse the buffer as soon as post_send returns). Returns 0, ENOMEM when the ring is full (the
   // send queue is), or EINVAL when the request exceeds the QP's SGE or inline limits.
+  // Inline: it runs inside every ibv_post_send of a protected QP.
   int record(const ibv_send_wr& wr, bool signal_all = false);
   // Undoes the newest `count` records (the provider refused them: they were never posted).
   void drop_newest(std::uint32_t count);
@@ -128,6 +136,49 @@ class RetransmitRing {
   std::uint64_t next_sequence_ = 1;
   std::uint64_t messages_posted_ = 0;
 };
+
+[[gnu::always_inline]] inline int RetransmitRing::record(const ibv_send_wr& wr, bool signal_all) {
+  const int num_sge = wr.num_sge;
+  if (__builtin_expect(outstanding() >= capacity_, 0)) return ENOMEM;
+  if (__builtin_expect(num_sge < 0 || static_cast<std::uint32_t>(num_sge) > max_sge_, 0)) {
+    return EINVAL;
+  }
+  // The slot past the tail is free: its SGEs and inline bytes are written before the request is
+  // validated, and only count once the tail moves.
+  const std::uint32_t slot = slot_of(tail_);
+  ibv_sge* sge = &sge_storage_[static_cast<std::size_t>(slot) * max_sge_];
+  std::uint64_t total_length = 0;
+  for (int i = 0; i < num_sge; ++i) {
+    sge[i] = wr.sg_list[i];
+    total_length += wr.sg_list[i].length;
+  }
+  std::uint32_t inline_length = 0;
+  if (wr.send_flags & IBV_SEND_INLINE) {
+    if (__builtin_expect(total_length > max_inline_, 0)) return EINVAL;
+    std::uint8_t* data = &inline_storage_[static_cast<std::size_t>(slot) * max_inline_];
+    for (int i = 0; i < num_sge; ++i) {
+      std::memcpy(data + inline_length,
+                  reinterpret_cast<const void*>(static_cast<std::uintptr_t>(sge[i].addr)),
+                  sge[i].length);
+      inline_length += sge[i].length;
+    }
+  }
+  SendRecord& entry = records_[slot];
+  entry.sequence = next_sequence_;
+  entry.wr = wr;
+  entry.wr.next = nullptr;
+  entry.wr.sg_list = nullptr;
+  entry.num_sge = static_cast<std::uint32_t>(num_sge);
+  entry.inline_length = inline_length;
+  const bool signaled = signal_all || (wr.send_flags & IBV_SEND_SIGNALED) != 0;
+  entry.signaled = signaled;
+  messages_posted_ += SendRecord::opcode_consumes_receive(wr.opcode) ? 1 : 0;
+  entry.message_index = messages_posted_;
+  if (signaled) push_signaled(tail_);
+  ++next_sequence_;
+  ++tail_;
+  return 0;
+}
 
 template <typename Keep>
 void RetransmitRing::compact(Keep&& keep) {

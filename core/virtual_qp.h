@@ -103,8 +103,13 @@ struct CqState {
   // error line says which.
   bool stash_for_application(const ibv_wc& wc);
 
-  // The application's ibv_poll_cq.
+  // The application's ibv_poll_cq (inline, below: every poll of a protected CQ runs it).
   int poll(int num_entries, ibv_wc* wc);
+  // Its path when the stash is not empty or the shadow is in use; releases the lock.
+  [[gnu::cold]] int poll_merged_locked(int num_entries, ibv_wc* wc);
+  // Under lock: the bookkeeping of `polled` completions just taken from `path`'s CQ; compacts
+  // wc to those the application must see and returns their number.
+  int keep_for_application_locked(int path, int polled, ibv_wc* wc);
   // Engine: polls everything the provider holds on `path`'s CQ into the stash, processing each
   // completion as the application's poll would. False if the stash filled up first.
   bool drain_into_stash(int path);
@@ -132,8 +137,6 @@ struct DatapathServices {
   bool (*translate_rkey)(std::uint64_t peer, std::uint32_t rkey, std::uint32_t* out) = nullptr;
   // Something for the engine's thread to act on (a link error, a missing translation).
   void (*wake_engine)() = nullptr;
-  // The VirtualQp whose physical QP on `device_index` has this qp_num, or nullptr.
-  VirtualQp* (*find_by_qpn)(int device_index, std::uint32_t qpn) = nullptr;
 };
 void set_datapath_services(const DatapathServices& services);
 const DatapathServices& datapath_services();
@@ -169,6 +172,7 @@ class VirtualQp {
             CqState* send_cq, CqState* recv_cq);
 
   // ---- data path (application threads) ----
+  // Inline (below): the healthy primary's path runs in every post of a protected QP.
   int post_send(ibv_send_wr* wr, ibv_send_wr** bad_wr);
   int post_recv(ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
   // One completion polled from `path`'s physical CQ, under lock(): bookkeeping, translation to
@@ -257,6 +261,18 @@ class VirtualQp {
  private:
   int post_recv_routed(ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
   int post_send_routed(ibv_send_wr* wr, ibv_send_wr** bad_wr);
+  // The fast paths' rare branches (virtual_qp_datapath.cc). The *_locked ones that return an
+  // int release the lock.
+  [[gnu::cold]] int post_send_not_direct_locked(ibv_send_wr* wr, ibv_send_wr** bad_wr);
+  [[gnu::cold]] int refuse_send_locked(ibv_send_wr* refused, std::uint32_t recorded, int error,
+                                       ibv_send_wr** bad_wr);
+  [[gnu::cold]] void drop_unposted_sends_locked(ibv_send_wr* wr, const ibv_send_wr* bad,
+                                                std::uint32_t recorded);
+  [[gnu::cold]] int post_recv_not_direct_locked(ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
+  [[gnu::cold]] int refuse_recv_locked(ibv_recv_wr* refused, std::uint32_t recorded, int error,
+                                       ibv_recv_wr** bad_wr);
+  [[gnu::cold]] void drop_unposted_recvs_locked(ibv_recv_wr* wr, const ibv_recv_wr* bad,
+                                                std::uint32_t recorded);
   bool post_one_send(const SendRecord& record, int path, bool* missing_key);
   bool post_one_recv(std::uint64_t position, const ReceiveRecord& record, const ibv_sge* sges,
                      int path);
@@ -276,6 +292,59 @@ class VirtualQp {
   WrBatch batch_;
   std::vector<HeldError> held_errors_;  // capacity fixed at creation: no allocation on the path
 };
+
+inline int CqState::poll(int num_entries, ibv_wc* wc) {
+  lock.lock();
+  if (__builtin_expect(stash_nonempty.load(std::memory_order_relaxed) ||
+                           shadow_active.load(std::memory_order_relaxed) || num_entries <= 0,
+                       0)) {
+    return poll_merged_locked(num_entries, wc);
+  }
+  int polled = provider->poll_cq(app_cq, num_entries, wc);
+  if (polled > 0) polled = keep_for_application_locked(kPrimary, polled, wc);
+  lock.unlock();
+  return polled;
+}
+
+// Healthy primary: record in the ring, then the provider's own call with the application's
+// request (no copy of the request is posted, no allocation, no syscall).
+inline int VirtualQp::post_send(ibv_send_wr* wr, ibv_send_wr** bad_wr) {
+  lock_.lock();
+  if (__builtin_expect(mode_.load(std::memory_order_relaxed) != PostMode::kDirect, 0)) {
+    return post_send_not_direct_locked(wr, bad_wr);
+  }
+  std::uint32_t recorded = 0;
+  for (ibv_send_wr* w = wr; w != nullptr; w = w->next) {
+    const int error = send_ring_.record(*w, sig_all);
+    if (__builtin_expect(error != 0, 0)) return refuse_send_locked(w, recorded, error, bad_wr);
+    ++recorded;
+  }
+  const int result = provider->post_send(app_qp, wr, bad_wr);
+  if (__builtin_expect(result != 0, 0)) drop_unposted_sends_locked(wr, *bad_wr, recorded);
+  next_send_to_post_ = send_ring_.next_sequence();
+  lock_.unlock();
+  return result;
+}
+
+inline int VirtualQp::post_recv(ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
+  // On an SRQ the provider refuses it, as without the shim.
+  if (__builtin_expect(srq != nullptr, 0)) return provider->post_recv(app_qp, wr, bad_wr);
+  lock_.lock();
+  if (__builtin_expect(mode_.load(std::memory_order_relaxed) != PostMode::kDirect, 0)) {
+    return post_recv_not_direct_locked(wr, bad_wr);
+  }
+  std::uint32_t recorded = 0;
+  for (ibv_recv_wr* w = wr; w != nullptr; w = w->next) {
+    const int error = recv_ring_.record(*w);
+    if (__builtin_expect(error != 0, 0)) return refuse_recv_locked(w, recorded, error, bad_wr);
+    ++recorded;
+  }
+  const int result = provider->post_recv(app_qp, wr, bad_wr);
+  if (__builtin_expect(result != 0, 0)) drop_unposted_recvs_locked(wr, *bad_wr, recorded);
+  next_recv_to_post_ = recv_ring_.next_position();
+  lock_.unlock();
+  return result;
+}
 
 // A recorded request's SGEs as `path` needs them: on the standby, each lkey becomes the backup
 // device's (primary_device: where the application registered them). False: *missing has none.

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "core/clock.h"
+#include "core/datapath_registries.h"
 #include "core/log.h"
 #include "core/virtual_qp.h"
 #include "core/virtual_srq.h"
@@ -79,72 +80,57 @@ VirtualQp::VirtualQp(ibv_qp* qp, const ibv_context_ops* ops, const ibv_qp_cap& c
 
 // ---------------------------------------------------------------- posting
 
-int VirtualQp::post_send(ibv_send_wr* wr, ibv_send_wr** bad_wr) {
-  lock_.lock();
-  if (__builtin_expect(mode_ != PostMode::kDirect, 0)) {
-    if (mode_ == PostMode::kBypass) {
-      lock_.unlock();
-      return provider->post_send(app_qp, wr, bad_wr);
-    }
-    const int result = post_send_routed(wr, bad_wr);
+// The fast paths (healthy primary) are inline in virtual_qp.h; these are their rare branches,
+// out of line so that the fast paths stay small.
+
+int VirtualQp::post_send_not_direct_locked(ibv_send_wr* wr, ibv_send_wr** bad_wr) {
+  if (mode_ == PostMode::kBypass) {
     lock_.unlock();
-    return result;
+    return provider->post_send(app_qp, wr, bad_wr);
   }
-  std::uint32_t recorded = 0;
-  for (ibv_send_wr* w = wr; w != nullptr; w = w->next) {
-    const int error = send_ring_.record(*w, sig_all);
-    if (__builtin_expect(error != 0, 0)) {
-      send_ring_.drop_newest(recorded);
-      lock_.unlock();
-      *bad_wr = w;
-      return error;
-    }
-    ++recorded;
-  }
-  const int result = provider->post_send(app_qp, wr, bad_wr);
-  if (__builtin_expect(result != 0, 0)) {
-    std::uint32_t posted = 0;
-    for (ibv_send_wr* w = wr; w != nullptr && w != *bad_wr; w = w->next) ++posted;
-    send_ring_.drop_newest(recorded - posted);
-  }
-  next_send_to_post_ = send_ring_.next_sequence();
+  const int result = post_send_routed(wr, bad_wr);
   lock_.unlock();
   return result;
 }
 
-int VirtualQp::post_recv(ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
-  // On an SRQ the provider refuses it, as without the shim.
-  if (__builtin_expect(srq != nullptr, 0)) return provider->post_recv(app_qp, wr, bad_wr);
-  lock_.lock();
-  if (__builtin_expect(mode_ != PostMode::kDirect, 0)) {
-    if (mode_ == PostMode::kBypass) {
-      lock_.unlock();
-      return provider->post_recv(app_qp, wr, bad_wr);
-    }
-    const int result = post_recv_routed(wr, bad_wr);
+int VirtualQp::refuse_send_locked(ibv_send_wr* refused, std::uint32_t recorded, int error,
+                                  ibv_send_wr** bad_wr) {
+  send_ring_.drop_newest(recorded);
+  lock_.unlock();
+  *bad_wr = refused;
+  return error;
+}
+
+void VirtualQp::drop_unposted_sends_locked(ibv_send_wr* wr, const ibv_send_wr* bad,
+                                           std::uint32_t recorded) {
+  std::uint32_t posted = 0;
+  for (ibv_send_wr* w = wr; w != nullptr && w != bad; w = w->next) ++posted;
+  send_ring_.drop_newest(recorded - posted);
+}
+
+int VirtualQp::post_recv_not_direct_locked(ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
+  if (mode_ == PostMode::kBypass) {
     lock_.unlock();
-    return result;
+    return provider->post_recv(app_qp, wr, bad_wr);
   }
-  std::uint32_t recorded = 0;
-  for (ibv_recv_wr* w = wr; w != nullptr; w = w->next) {
-    const int error = recv_ring_.record(*w);
-    if (__builtin_expect(error != 0, 0)) {
-      recv_ring_.drop_newest(recorded);
-      lock_.unlock();
-      *bad_wr = w;
-      return error;
-    }
-    ++recorded;
-  }
-  const int result = provider->post_recv(app_qp, wr, bad_wr);
-  if (__builtin_expect(result != 0, 0)) {
-    std::uint32_t posted = 0;
-    for (ibv_recv_wr* w = wr; w != nullptr && w != *bad_wr; w = w->next) ++posted;
-    recv_ring_.drop_newest(recorded - posted);
-  }
-  next_recv_to_post_ = recv_ring_.next_position();
+  const int result = post_recv_routed(wr, bad_wr);
   lock_.unlock();
   return result;
+}
+
+int VirtualQp::refuse_recv_locked(ibv_recv_wr* refused, std::uint32_t recorded, int error,
+                                  ibv_recv_wr** bad_wr) {
+  recv_ring_.drop_newest(recorded);
+  lock_.unlock();
+  *bad_wr = refused;
+  return error;
+}
+
+void VirtualQp::drop_unposted_recvs_locked(ibv_recv_wr* wr, const ibv_recv_wr* bad,
+                                           std::uint32_t recorded) {
+  std::uint32_t posted = 0;
+  for (ibv_recv_wr* w = wr; w != nullptr && w != bad; w = w->next) ++posted;
+  recv_ring_.drop_newest(recorded - posted);
 }
 
 int VirtualQp::post_send_routed(ibv_send_wr* wr, ibv_send_wr** bad_wr) {
@@ -400,11 +386,15 @@ bool VirtualQp::on_completion_locked(CqState& cq, int p, ibv_wc& wc) {
 
 int CqState::poll_physical(int p, int num_entries, ibv_wc* wc, int* raw) {
   ibv_cq* cq = p == kPrimary ? app_cq : shadow;
-  const int device = p == kPrimary ? device_index : shadow_device_index;
   const int polled = p == kPrimary ? provider->poll_cq(cq, num_entries, wc)
                                    : cq->context->ops.poll_cq(cq, num_entries, wc);
   if (raw != nullptr) *raw = polled;
   if (polled <= 0) return polled;
+  return keep_for_application_locked(p, polled, wc);
+}
+
+int CqState::keep_for_application_locked(int p, int polled, ibv_wc* wc) {
+  const int device = p == kPrimary ? device_index : shadow_device_index;
   // Completions come in runs of one QP: one lookup and one lock per run, not per completion.
   int kept = 0;
   VirtualQp* qp = nullptr;
@@ -413,7 +403,7 @@ int CqState::poll_physical(int p, int num_entries, ibv_wc* wc, int* raw) {
     if (i == 0 || wc[i].qp_num != qpn) {
       if (qp != nullptr) qp->lock().unlock();
       qpn = wc[i].qp_num;
-      qp = g_services.find_by_qpn(device, qpn);
+      qp = find_virtual_qp_by_qpn(device, qpn);
       if (qp != nullptr) qp->lock().lock();
     }
     // A standby completion nobody owns (its QP was destroyed) is the shim's, never the app's.
@@ -443,8 +433,8 @@ bool CqState::stash_for_application(const ibv_wc& wc) {
   return true;
 }
 
-int CqState::poll(int num_entries, ibv_wc* wc) {
-  lock.lock();
+// poll()'s path when the stash holds completions or a QP's traffic runs on the shadow.
+int CqState::poll_merged_locked(int num_entries, ibv_wc* wc) {
   int total = 0;
   if (__builtin_expect(stash_nonempty.load(std::memory_order_relaxed), 0)) {
     total = stash.pop(num_entries, wc);

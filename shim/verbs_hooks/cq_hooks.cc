@@ -3,6 +3,7 @@
 
 #include <mutex>
 
+#include "core/datapath_registries.h"
 #include "core/failover_engine.h"
 #include "shim/export.h"
 #include "shim/object_records.h"
@@ -93,23 +94,27 @@ VF_EXPORT int ibv_destroy_cq(ibv_cq* cq) {
 
 namespace vf::shim::ops {
 
-int poll_cq(ibv_cq* cq, int num_entries, ibv_wc* wc) {
-  if (CqState* state = FailoverEngine::instance().cq_state(cq)) {
-    if (__builtin_expect(!log_enabled(LogLevel::kTrace), 1)) return state->poll(num_entries, wc);
-    const std::uint64_t start = monotonic_ns();
-    const int polled = state->poll(num_entries, wc);
-    trace_poll("ibv_poll_cq", cq, num_entries, wc, polled, monotonic_ns() - start);
-    return polled;
-  }
-  const ContextRecord* record = context_records().find(cq->context);
-  if (__builtin_expect(record == nullptr, 0)) return -1;
-  if (__builtin_expect(!log_enabled(LogLevel::kTrace), 1)) {
-    return record->ops.poll_cq(cq, num_entries, wc);
-  }
+// The traced variant (VERBS_FAILOVER_TRACE): out of line, so that the plain path stays small.
+[[gnu::noinline, gnu::cold]] int poll_cq_traced(ibv_cq* cq, CqState* state, int num_entries,
+                                                ibv_wc* wc) {
+  const ContextRecord* record = state == nullptr ? context_records().find(cq->context) : nullptr;
+  if (state == nullptr && record == nullptr) return -1;
   const std::uint64_t start = monotonic_ns();
-  const int polled = record->ops.poll_cq(cq, num_entries, wc);
+  const int polled = state != nullptr ? state->poll(num_entries, wc)
+                                      : record->ops.poll_cq(cq, num_entries, wc);
   trace_poll("ibv_poll_cq", cq, num_entries, wc, polled, monotonic_ns() - start);
   return polled;
+}
+
+int poll_cq(ibv_cq* cq, int num_entries, ibv_wc* wc) {
+  CqState* state = find_cq_state(cq);
+  if (__builtin_expect(log_enabled(LogLevel::kTrace), 0)) {
+    return poll_cq_traced(cq, state, num_entries, wc);
+  }
+  if (state != nullptr) return state->poll(num_entries, wc);
+  const ContextRecord* record = context_records().find(cq->context);
+  if (__builtin_expect(record == nullptr, 0)) return -1;
+  return record->ops.poll_cq(cq, num_entries, wc);
 }
 
 int req_notify_cq(ibv_cq* cq, int solicited_only) {

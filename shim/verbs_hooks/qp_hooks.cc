@@ -3,6 +3,7 @@
 
 #include <mutex>
 
+#include "core/datapath_registries.h"
 #include "core/failover_engine.h"
 #include "shim/export.h"
 #include "shim/object_records.h"
@@ -142,40 +143,63 @@ VF_EXPORT int ibv_detach_mcast(ibv_qp* qp, const ibv_gid* gid, uint16_t lid) {
 
 namespace vf::shim::ops {
 
-int post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
-  if (VirtualQp* virtual_qp = FailoverEngine::instance().virtual_qp(qp)) {
-    if (__builtin_expect(!log_enabled(LogLevel::kTrace), 1)) return virtual_qp->post_send(wr, bad_wr);
+// The traced variants (VERBS_FAILOVER_TRACE): out of line, so that the plain path stays small.
+[[gnu::noinline, gnu::cold]] int post_send_traced(ibv_qp* qp, VirtualQp* virtual_qp,
+                                                  ibv_send_wr* wr, ibv_send_wr** bad_wr) {
+  if (virtual_qp != nullptr) {
     return intercept("ibv_post_send", VF_ARGS("{} {}", describe_qp(qp), describe_send_wr_chain(wr)),
                      [&] { return virtual_qp->post_send(wr, bad_wr); });
   }
   const ContextRecord* record = context_records().find(qp->context);
-  if (__builtin_expect(record == nullptr, 0)) {
+  if (record == nullptr) {
     *bad_wr = wr;
     return EINVAL;
-  }
-  if (__builtin_expect(!log_enabled(LogLevel::kTrace), 1)) {
-    return record->ops.post_send(qp, wr, bad_wr);
   }
   return intercept("ibv_post_send", VF_ARGS("{} {}", describe_qp(qp), describe_send_wr_chain(wr)),
                    [&] { return record->ops.post_send(qp, wr, bad_wr); });
 }
 
-int post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
-  if (VirtualQp* virtual_qp = FailoverEngine::instance().virtual_qp(qp)) {
-    if (__builtin_expect(!log_enabled(LogLevel::kTrace), 1)) return virtual_qp->post_recv(wr, bad_wr);
+[[gnu::noinline, gnu::cold]] int post_recv_traced(ibv_qp* qp, VirtualQp* virtual_qp,
+                                                  ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
+  if (virtual_qp != nullptr) {
     return intercept("ibv_post_recv", VF_ARGS("{} {}", describe_qp(qp), describe_recv_wr_chain(wr)),
                      [&] { return virtual_qp->post_recv(wr, bad_wr); });
   }
+  const ContextRecord* record = context_records().find(qp->context);
+  if (record == nullptr) {
+    *bad_wr = wr;
+    return EINVAL;
+  }
+  return intercept("ibv_post_recv", VF_ARGS("{} {}", describe_qp(qp), describe_recv_wr_chain(wr)),
+                   [&] { return record->ops.post_recv(qp, wr, bad_wr); });
+}
+
+int post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
+  VirtualQp* virtual_qp = find_virtual_qp(qp);
+  if (__builtin_expect(log_enabled(LogLevel::kTrace), 0)) {
+    return post_send_traced(qp, virtual_qp, wr, bad_wr);
+  }
+  if (virtual_qp != nullptr) return virtual_qp->post_send(wr, bad_wr);
   const ContextRecord* record = context_records().find(qp->context);
   if (__builtin_expect(record == nullptr, 0)) {
     *bad_wr = wr;
     return EINVAL;
   }
-  if (__builtin_expect(!log_enabled(LogLevel::kTrace), 1)) {
-    return record->ops.post_recv(qp, wr, bad_wr);
+  return record->ops.post_send(qp, wr, bad_wr);
+}
+
+int post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
+  VirtualQp* virtual_qp = find_virtual_qp(qp);
+  if (__builtin_expect(log_enabled(LogLevel::kTrace), 0)) {
+    return post_recv_traced(qp, virtual_qp, wr, bad_wr);
   }
-  return intercept("ibv_post_recv", VF_ARGS("{} {}", describe_qp(qp), describe_recv_wr_chain(wr)),
-                   [&] { return record->ops.post_recv(qp, wr, bad_wr); });
+  if (virtual_qp != nullptr) return virtual_qp->post_recv(wr, bad_wr);
+  const ContextRecord* record = context_records().find(qp->context);
+  if (__builtin_expect(record == nullptr, 0)) {
+    *bad_wr = wr;
+    return EINVAL;
+  }
+  return record->ops.post_recv(qp, wr, bad_wr);
 }
 
 ibv_qp* create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr) {

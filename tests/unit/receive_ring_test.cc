@@ -6,10 +6,11 @@
 
 namespace {
 int post(vf::ReceiveRing& ring, std::uint64_t wr_id, int num_sge = 1) {
-  ibv_sge sge{0x1000 + wr_id, 64, 7};
+  // As many SGEs as the request claims (up to 4), like an application's request.
+  ibv_sge sge[4] = {{0x1000 + wr_id, 64, 7}, {0x2000 + wr_id, 64, 7}, {}, {}};
   ibv_recv_wr wr{};
   wr.wr_id = wr_id;
-  wr.sg_list = num_sge ? &sge : nullptr;
+  wr.sg_list = num_sge ? sge : nullptr;
   wr.num_sge = num_sge;
   return ring.record(wr);
 }
