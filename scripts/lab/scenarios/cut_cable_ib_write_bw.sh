@@ -8,7 +8,7 @@ SCENARIO_DESC="cable_cut A rail0 mid ib_write_bw, shim: all exit 0 with full cou
 SCENARIO_KIND=failover
 SCENARIO_SHIM=required
 SCENARIO_NOSHIM=yes
-SCENARIO_TIMEOUT=300
+SCENARIO_TIMEOUT=420
 
 # shellcheck source=scripts/lab/scenarios/_cut.sh
 source "$LAB_DIR/scenarios/_cut.sh"

@@ -8,7 +8,7 @@ SCENARIO_DESC="port_down A rail0 mid srq_pingpong (16 QPs, one SRQ), shim: all e
 SCENARIO_KIND=failover
 SCENARIO_SHIM=required
 SCENARIO_NOSHIM=yes
-SCENARIO_TIMEOUT=300
+SCENARIO_TIMEOUT=420
 
 # shellcheck source=scripts/lab/scenarios/_cut.sh
 source "$LAB_DIR/scenarios/_cut.sh"
