@@ -29,7 +29,6 @@
 #include "core/virtual_srq.h"
 
 namespace vf {
-
 namespace {
 
 constexpr std::uint8_t kMaxPorts = 4;
@@ -2169,8 +2168,9 @@ void FailoverEngine::on_device_opened(ibv_context* /*context*/) {
   start_engine();
 }
 
-VirtualQp* FailoverEngine::virtual_qp(const ibv_qp* qp) const { return qps_by_address().find(qp); }
-CqState* FailoverEngine::cq_state(const ibv_cq* cq) const { return cqs_by_address().find(cq); }
+// The same lookups the data-path hooks make (core/datapath_registries.h).
+VirtualQp* FailoverEngine::virtual_qp(const ibv_qp* qp) const { return find_virtual_qp(qp); }
+CqState* FailoverEngine::cq_state(const ibv_cq* cq) const { return find_cq_state(cq); }
 
 void FailoverEngine::on_cq_created(ibv_cq* cq, ibv_comp_channel* channel) {
   Engine& e = engine();

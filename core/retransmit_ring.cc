@@ -1,10 +1,7 @@
 #include "core/retransmit_ring.h"
 
-#include <errno.h>
-
 #include <algorithm>
 #include <bit>
-#include <cstring>
 
 namespace vf {
 
