@@ -52,7 +52,7 @@ const char* basename_of(const char* path) {
 }
 
 // The shim's frames say nothing to the user; a stack starts at the first frame outside it.
-bool is_own_frame(unw_word_t ip) {
+bool is_own_frame(std::uintptr_t ip) {
   Dl_info self{};
   Dl_info here{};
   if (dladdr(reinterpret_cast<void*>(&is_own_frame), &self) == 0) return false;
@@ -60,27 +60,50 @@ bool is_own_frame(unw_word_t ip) {
   return self.dli_fbase == here.dli_fbase;
 }
 
+// The shim's frames between a hook and its caller: a few, never dozens.
+constexpr int kMaxOwnFrames = 32;
+
+// The calling thread's stack, walked by libunwind from a cursor its caller set up (the context
+// must be taken in a frame that stays live for the whole walk).
+class LibunwindWalker final : public FrameWalker {
+ public:
+  LibunwindWalker(const UnwindApi& api, unw_cursor_t& cursor) : api_(api), cursor_(cursor) {}
+  bool next(std::uintptr_t* ip) override {
+    if (api_.step(&cursor_) <= 0) return false;
+    unw_word_t word = 0;
+    api_.get_reg(&cursor_, UNW_REG_IP, &word);
+    *ip = static_cast<std::uintptr_t>(word);
+    return true;
+  }
+  bool symbol(char* name, std::size_t size, std::uintptr_t* offset) override {
+    unw_word_t word = 0;
+    if (api_.get_proc_name(&cursor_, name, size, &word) != 0) return false;
+    *offset = static_cast<std::uintptr_t>(word);
+    return true;
+  }
+
+ private:
+  const UnwindApi& api_;
+  unw_cursor_t& cursor_;
+};
+
 }  // namespace
 
 bool backtraces_available() { return unwind_api().usable(); }
 
-std::string caller_stack(int max_frames) {
-  const UnwindApi& api = unwind_api();
-  if (!api.usable()) return " (libunwind.so.8 not available)";
-  unw_context_t context;
-  unw_cursor_t cursor;
-  if (api.getcontext(&context) != 0 || api.init_local(&cursor, &context) != 0) return " <- ?";
+std::string describe_caller_frames(FrameWalker& walker, int max_frames) {
   std::string out;
   int frames = 0;
-  while (frames < max_frames && api.step(&cursor) > 0) {
-    unw_word_t ip = 0;
-    api.get_reg(&cursor, UNW_REG_IP, &ip);
+  // Every step counts against the bound, the shim's own skipped frames too.
+  for (int steps = 0; frames < max_frames && steps < max_frames + kMaxOwnFrames; ++steps) {
+    std::uintptr_t ip = 0;
+    if (!walker.next(&ip)) break;
     if (is_own_frame(ip)) continue;
     char name[256];
-    unw_word_t offset = 0;
+    std::uintptr_t offset = 0;
     Dl_info info{};
     dladdr(reinterpret_cast<void*>(ip), &info);
-    if (api.get_proc_name(&cursor, name, sizeof(name), &offset) == 0) {
+    if (walker.symbol(name, sizeof(name), &offset)) {
       out += fmt::format(" <- {}+{:#x} ({})", name, offset, basename_of(info.dli_fname));
     } else {
       out += fmt::format(" <- {:#x} ({})", ip, basename_of(info.dli_fname));
@@ -88,6 +111,16 @@ std::string caller_stack(int max_frames) {
     ++frames;
   }
   return out;
+}
+
+std::string caller_stack(int max_frames) {
+  const UnwindApi& api = unwind_api();
+  if (!api.usable()) return " (libunwind.so.8 not available)";
+  unw_context_t context;
+  unw_cursor_t cursor;
+  if (api.getcontext(&context) != 0 || api.init_local(&cursor, &context) != 0) return " <- ?";
+  LibunwindWalker walker(api, cursor);
+  return describe_caller_frames(walker, max_frames);
 }
 
 void write_stack_to_fd(int fd, int max_frames) {

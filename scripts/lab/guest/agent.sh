@@ -4,7 +4,9 @@
 #   cmd/<id>.sh      dropped by the host (written elsewhere, then renamed in): a job to start
 #   run/<id>.sh      the job once taken; run/<id>.pid its PID (= its process group and session)
 #   run/<id>.rc      its exit status, written when it has ended
-#   kill/<id>        the host asks for the job's whole process group to be ended
+#   kill/<id>        the host asks for the job's whole process group to be ended; a file that
+#                    says "stacks" first has every thread of the group described in
+#                    run/<id>.stacks (a hung job: where each thread waits or spins)
 # Jobs run in their own session so that ending one ends everything it started, and nothing else.
 set -u
 ctl=$1
@@ -26,13 +28,59 @@ start_job() {
   ) &
 }
 
+# Every thread of a process group: its state (R: running), where the kernel has it, its system
+# call, the CPU time it uses in the next second (a hung thread that uses CPU spins), and, with gdb
+# at hand, its user stack.
+thread_ticks() {
+  local rest fields
+  { rest=$(<"$1/stat"); } 2>/dev/null || return 1
+  rest=${rest##*) }
+  read -r -a fields <<<"$rest"
+  echo $((fields[11] + fields[12]))
+}
+
+describe_group() {
+  local pgid=$1 stat p t rest fields
+  local -A ticks=()
+  for stat in /proc/[0-9]*/stat; do
+    p=${stat#/proc/}
+    p=${p%/stat}
+    { rest=$(<"$stat"); } 2>/dev/null || continue
+    rest=${rest##*) }
+    read -r -a fields <<<"$rest"
+    [[ ${fields[2]} == "$pgid" ]] || continue
+    echo "== process $p: $(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null)"
+    for t in /proc/"$p"/task/*; do
+      { rest=$(<"$t/stat"); } 2>/dev/null || continue
+      rest=${rest##*) }
+      ticks[$t]=$(thread_ticks "$t")
+      echo "-- thread ${t##*/} ($(<"$t/comm")): state ${rest%% *}, wchan $(<"$t/wchan"), syscall $(<"$t/syscall")"
+      sed 's/^/   kernel: /' "$t/stack" 2>/dev/null
+    done
+    nap 1
+    for t in /proc/"$p"/task/*; do
+      [[ -n ${ticks[$t]:-} ]] || continue
+      echo "-- thread ${t##*/}: $(($(thread_ticks "$t" || echo "${ticks[$t]}") - ticks[$t])) CPU ticks in the next second"
+    done
+    if command -v gdb >/dev/null; then
+      timeout 30 gdb -p "$p" -batch -nx -ex 'set pagination off' -ex 'thread apply all bt' 2>&1 |
+        grep -E '^(Thread|#)' | sed 's/^/   gdb: /'
+    fi
+  done
+}
+
 # TERM first so programs can flush their logs; KILL the group if it is still there 3 s later.
 kill_job() {
-  local id=$1 pid
+  local id=$1 stacks=$2 pid
   [[ -r $ctl/run/$id.pid ]] || return 0
   pid=$(<"$ctl/run/$id.pid")
   [[ $pid =~ ^[0-9]+$ ]] || return 0
   (
+    if [[ $stacks == stacks ]]; then
+      chrt -o -p 0 "$BASHPID" 2>/dev/null # the agent is real-time; gdb must not be
+      describe_group "$pid" >"$ctl/run/$id.stacks.tmp" 2>&1
+      mv "$ctl/run/$id.stacks.tmp" "$ctl/run/$id.stacks"
+    fi
     kill -TERM -- "-$pid" 2>/dev/null || exit 0
     for _ in $(seq 30); do
       kill -0 -- "-$pid" 2>/dev/null || exit 0
@@ -53,8 +101,9 @@ while :; do
     id=${f##*/}
     # A request can overtake the job's start; it stays until there is a PID to act on.
     if [[ -s $ctl/run/$id.pid ]]; then
+      request=$(<"$f")
       rm -f "$f"
-      kill_job "$id"
+      kill_job "$id" "$request"
     elif [[ -s $ctl/run/$id.rc ]]; then
       rm -f "$f"
     fi

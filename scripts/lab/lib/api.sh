@@ -143,15 +143,25 @@ wait_jobs_or_failure() {
   return "$all"
 }
 
-# kill_job HOST NAME: end the job's process group by PID (TERM, then KILL); bounded.
+# kill_job HOST NAME [--stacks]: end the job's process group by PID (TERM, then KILL); bounded.
+# With --stacks (a job that should have ended: it hangs) every thread of it is described first,
+# in HOST/NAME.stacks.txt; the log gets one line per thread (state, CPU use, system call).
 kill_job() {
   _job_id "$1" "$2"
-  local id=$_ID
+  local id=$_ID request=""
+  [[ ${3:-} == --stacks ]] && request=stacks
   [[ -n $(job_rc_id "$1" "$id") ]] && return 0
-  log "kill $1:$2"
-  if ! job_kill_id "$1" "$id"; then
+  log "kill $1:$2${request:+ (threads described first)}"
+  if ! job_kill_id "$1" "$id" "$request"; then
     touch "$SCEN_DIR/.vm-killed"
     note "host $1 could not end job $2: VM hung, killed"
+  fi
+  local stacks=$CTL_ROOT/$1/run/$id.stacks
+  if [[ -n $request && -s $stacks ]]; then
+    mkdir -p "$SCEN_DIR/$1"
+    cp "$stacks" "$SCEN_DIR/$1/$2.stacks.txt"
+    log "threads of the hung job $1:$2 (all in $1/$2.stacks.txt):"
+    grep -E '^(== process|-- thread)' "$stacks" | while IFS= read -r line; do log "  $line"; done
   fi
 }
 
@@ -163,7 +173,7 @@ run_on() {
   local rc=0
   wait_job "$h" "$name" "$timeout" || rc=$?
   if ((WAIT_TIMED_OUT)); then
-    kill_job "$h" "$name"
+    kill_job "$h" "$name" --stacks
   fi
   return "$rc"
 }

@@ -54,13 +54,17 @@ job_wait_id() {
 
 # Ask the agent to end a job's process group and wait (bounded) until it reports the exit status.
 # An agent that cannot do that within 15 s means a wedged guest: its VM is killed by PID.
+# job_kill_id HOST ID stacks: the agent first describes every thread of the job in
+# run/ID.stacks (gdb may take up to 30 s per process of it, so the wait is longer).
 job_kill_id() {
-  local h=$1 id=$2
+  local h=$1 id=$2 request=${3:-} bound=15
   [[ -s $CTL_ROOT/$h/run/$id.rc ]] && return 0
   vm_alive "$h" || return 0
-  : >"$CTL_ROOT/$h/kill/$id"
+  [[ $request == stacks ]] && bound=75
+  printf '%s' "$request" >"$CTL_ROOT/$h/kill/.$id.tmp"
+  mv "$CTL_ROOT/$h/kill/.$id.tmp" "$CTL_ROOT/$h/kill/$id"
   local rc=0
-  job_wait_id "$h" "$id" 15 || rc=$?
+  job_wait_id "$h" "$id" "$bound" || rc=$?
   if ((rc == 124)); then
     log "host $h: job $id did not end after kill; killing the VM (PID ${VM_PID[$h]})"
     vm_kill "$h"

@@ -7,6 +7,7 @@ LAB_PACKAGES=(
   qemu-system-x86 busybox-static kmod cpio gzip coreutils procps
   rdma-core ibverbs-utils ibverbs-providers perftest rdmacm-utils
   iproute2 iptables python3
+  gdb # describes the threads of a process that hangs under the shim (guest/agent.sh)
 )
 
 # Modules the initramfs loads itself, before the host root (and with it modprobe) is reachable.

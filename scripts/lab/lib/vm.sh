@@ -93,8 +93,10 @@ vm_boot() {
 # comma-separated: a checkout under /tmp (as a CI clone may be) still works, because the guest
 # binds these back from the host root (guest/init.sh, vf.keep=).
 guest_kept_paths() {
-  local p out=() seen=" "
-  for p in "$REPO_DIR" "$LAB_RESULTS_BASE" "$LAB_CACHE" ${VF_SHIM:+"$(dirname "$VF_SHIM")"}; do
+  local p out=() seen=" " shim_dirs=()
+  # The shim's folder, and the build tree above it: scenarios run its test programs from ../bin.
+  [[ -n ${VF_SHIM:-} ]] && shim_dirs=("$(dirname "$VF_SHIM")" "$(dirname "$(dirname "$VF_SHIM")")")
+  for p in "$REPO_DIR" "$LAB_RESULTS_BASE" "$LAB_CACHE" "${shim_dirs[@]}"; do
     p=$(realpath -m "$p")
     case $p in
       /tmp/* | /run/* | /var/tmp/* | /dev/shm/*) ;;
