@@ -78,7 +78,8 @@ kill_job() {
   (
     if [[ $stacks == stacks ]]; then
       chrt -o -p 0 "$BASHPID" 2>/dev/null # the agent is real-time; gdb must not be
-      describe_group "$pid" >"$ctl/run/$id.stacks.tmp" 2>&1
+      # In a subshell of its own: whatever goes wrong in it, the job is still ended.
+      (describe_group "$pid") >"$ctl/run/$id.stacks.tmp" 2>&1
       mv "$ctl/run/$id.stacks.tmp" "$ctl/run/$id.stacks"
     fi
     kill -TERM -- "-$pid" 2>/dev/null || exit 0
