@@ -28,40 +28,37 @@ start_job() {
   ) &
 }
 
+# The fields of a /proc stat file after "PID (comm) " into STAT: STAT[0] the state, STAT[2] the
+# process group, STAT[11] + STAT[12] the CPU ticks used (user + system). False if it is gone.
+read_stat() {
+  local line
+  { line=$(<"$1"); } 2>/dev/null || return 1
+  read -r -a STAT <<<"${line##*) }"
+}
+
 # Every thread of a process group: its state (R: running), where the kernel has it, its system
 # call, the CPU time it uses in the next second (a hung thread that uses CPU spins), and, with gdb
 # at hand, its user stack.
-thread_ticks() {
-  local rest fields
-  { rest=$(<"$1/stat"); } 2>/dev/null || return 1
-  rest=${rest##*) }
-  read -r -a fields <<<"$rest"
-  echo $((fields[11] + fields[12]))
-}
-
 describe_group() {
-  local pgid=$1 stat p t rest fields
+  local pgid=$1 stat p t
   local -A ticks=()
   for stat in /proc/[0-9]*/stat; do
+    if ! read_stat "$stat" || [[ ${STAT[2]} != "$pgid" ]]; then continue; fi
     p=${stat#/proc/}
     p=${p%/stat}
-    { rest=$(<"$stat"); } 2>/dev/null || continue
-    rest=${rest##*) }
-    read -r -a fields <<<"$rest"
-    [[ ${fields[2]} == "$pgid" ]] || continue
     echo "== process $p: $(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null)"
     for t in /proc/"$p"/task/*; do
-      { rest=$(<"$t/stat"); } 2>/dev/null || continue
-      rest=${rest##*) }
-      ticks[$t]=$(thread_ticks "$t")
-      echo "-- thread ${t##*/} ($(<"$t/comm")): state ${rest%% *}, wchan $(<"$t/wchan"), syscall $(<"$t/syscall")"
+      read_stat "$t/stat" || continue
+      ticks[$t]=$((STAT[11] + STAT[12]))
+      echo "-- thread ${t##*/} ($(<"$t/comm")): state ${STAT[0]}, wchan $(<"$t/wchan"), syscall $(<"$t/syscall")"
       sed 's/^/   kernel: /' "$t/stack" 2>/dev/null
     done
     nap 1
-    for t in /proc/"$p"/task/*; do
-      [[ -n ${ticks[$t]:-} ]] || continue
-      echo "-- thread ${t##*/}: $(($(thread_ticks "$t" || echo "${ticks[$t]}") - ticks[$t])) CPU ticks in the next second"
+    for t in "${!ticks[@]}"; do
+      read_stat "$t/stat" || continue
+      echo "-- thread ${t##*/}: $((STAT[11] + STAT[12] - ticks[$t])) CPU ticks in the next second"
     done
+    ticks=()
     if command -v gdb >/dev/null; then
       timeout 30 gdb -p "$p" -batch -nx -ex 'set pagination off' -ex 'thread apply all bt' 2>&1 |
         grep -E '^(Thread|#)' | sed 's/^/   gdb: /'

@@ -159,16 +159,14 @@ cut_scenario() {
   done
   fault "$kind" A rail0
   wait_jobs_or_failure "$CUT_BOUND" 10 "${CUT_JOBS[@]}"
-  local states=()
+  local states=() describe=()
   for j in "${CUT_JOBS[@]}"; do
     st=$(job_rc "${j%%:*}" "${j#*:}")
     states+=("$j=${st:-hung}")
     # Under the shim a hung process is a defect to explain; without it, the expected outcome.
-    if [[ -z $st && $SCEN_VARIANT == shim ]]; then
-      kill_job "${j%%:*}" "${j#*:}" --stacks
-    else
-      kill_job "${j%%:*}" "${j#*:}"
-    fi
+    describe=()
+    [[ -z $st && $SCEN_VARIANT == shim ]] && describe=(--stacks)
+    kill_job "${j%%:*}" "${j#*:}" "${describe[@]}"
   done
   for j in "${CUT_ALSO_STOP[@]}"; do
     st=$(job_rc "${j%%:*}" "${j#*:}")
