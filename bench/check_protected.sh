@@ -15,14 +15,17 @@ if [ "$protected" -ne 2 ]; then
   echo "check_protected: expected 2 'protected — standby qp' lines, found $protected"; problems=1
 fi
 if grep -qE 'qp [0-9]+: unprotected' <<<"$out"; then echo "check_protected: a QP is unprotected"; problems=1; fi
-if ! grep -qE "empty_poll_ns=[0-9.]+ post_send_ns=[0-9.]+ send_poll_ns=[0-9.]+ post_recv_ns=[0-9.]+ recv_poll_ns=[0-9.]+ iterations=$iterations" <<<"$out"; then
+figures="empty_poll_ns=[0-9.]+ post_send_ns=[0-9.]+ send_poll_ns=[0-9.]+ post_recv_ns=[0-9.]+ recv_poll_ns=[0-9.]+"
+figures+=" empty_poll_p50_ns=[0-9.]+ post_send_p50_ns=[0-9.]+ send_poll_p50_ns=[0-9.]+"
+figures+=" post_recv_p50_ns=[0-9.]+ recv_poll_p50_ns=[0-9.]+ iterations=$iterations"
+if ! grep -qE "$figures" <<<"$out"; then
   echo "check_protected: the benchmark's figures line is missing"; problems=1
 fi
 # The baseline runs (no shim, --idle-pair: the fake's fabric then holds as many connected QPs as
 # under the shim) must work too, or bench/run.sh would have nothing to compare with.
 baseline=$(LD_LIBRARY_PATH="$fake_dir" "$bench" "$iterations" --idle-pair 2>&1)
 status=$?
-if [ "$status" -ne 0 ] || ! grep -qE "post_send_ns=[0-9.]+ .*iterations=$iterations" <<<"$baseline"; then
+if [ "$status" -ne 0 ] || ! grep -qE "$figures" <<<"$baseline"; then
   echo "check_protected: the baseline run (no shim, --idle-pair) failed (exit $status): $baseline"
   problems=1
 fi

@@ -12,6 +12,9 @@
      post_recv_ns    ibv_post_recv of one 64-byte receive (batches of 16)
      recv_poll_ns    ibv_poll_cq reaping receive completions, per completion (16 per batch, polled
                      with num_entries=16; the peer's inline 8-byte SENDs are not timed)
+   Each figure is printed twice: the mean over the whole run (*_ns) and the median over its short
+   batches of 16 calls (*_p50_ns). A VM's steal time and interrupts land in a few batches and
+   inflate the mean of whichever run they hit; the batch median leaves them out.
    Run it with and without LD_PRELOAD=libverbs_failover.so (bench/run.sh alternates the two) and
    compare: the difference is what the shim adds.
    --idle-pair (bench/run.sh gives it to the runs without the shim) also connects an RC QP pair
@@ -29,6 +32,36 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+/* Per-batch figures (ns per call), for their median. */
+struct samples {
+  double* values;
+  long count, capacity;
+};
+
+static void fail(const char* what);
+
+static void samples_init(struct samples* s, long capacity) {
+  s->values = malloc((size_t)capacity * sizeof(double));
+  if (!s->values) fail("malloc");
+  s->count = 0;
+  s->capacity = capacity;
+}
+
+static void samples_add(struct samples* s, double value) {
+  if (s->count < s->capacity) s->values[s->count++] = value;
+}
+
+static int compare_doubles(const void* x, const void* y) {
+  const double a = *(const double*)x, b = *(const double*)y;
+  return (a > b) - (a < b);
+}
+
+static double samples_median(struct samples* s) {
+  if (s->count == 0) return 0;
+  qsort(s->values, (size_t)s->count, sizeof(double), compare_doubles);
+  return s->values[s->count / 2];
+}
 
 static double now_ns(void) {
   struct timespec ts;
@@ -92,13 +125,26 @@ int main(int argc, char** argv) {
     connect_end(&idle_d, &idle_c);
   }
 
+  const long batches = iterations / 16 + 2;
+  struct samples empty_poll_s, post_send_s, send_poll_s, post_recv_s, recv_poll_s;
+  samples_init(&empty_poll_s, batches);
+  samples_init(&post_send_s, batches);
+  samples_init(&send_poll_s, batches);
+  samples_init(&post_recv_s, batches);
+  samples_init(&recv_poll_s, batches);
+
   struct ibv_wc wc[4];
   for (long i = 0; i < 1000; ++i) ibv_poll_cq(a.cq, 4, wc); /* warm up */
   double start = now_ns();
-  for (long i = 0; i < iterations; ++i) {
-    if (ibv_poll_cq(a.cq, 4, wc) != 0) fail("empty poll");
+  for (long i = 0; i < iterations; i += 16) {
+    const double t0 = now_ns();
+    for (int k = 0; k < 16; ++k) {
+      if (ibv_poll_cq(a.cq, 4, wc) != 0) fail("empty poll");
+    }
+    samples_add(&empty_poll_s, (now_ns() - t0) / 16);
   }
-  const double poll_ns = (now_ns() - start) / (double)iterations;
+  const long empty_polls = (iterations + 15) / 16 * 16;
+  const double poll_ns = (now_ns() - start) / (double)empty_polls;
 
   /* 15 unsignaled writes and one signaled one per batch; the posting and the reaping polls are
      timed separately. */
@@ -119,8 +165,11 @@ int main(int argc, char** argv) {
     }
     const double t1 = now_ns();
     post_total += t1 - t0;
+    samples_add(&post_send_s, (t1 - t0) / 16);
     int got = 0;
+    long batch_polls = 0;
     for (long spins = 0; got == 0; ++spins) {
+      ++batch_polls;
       got = ibv_poll_cq(a.cq, 4, wc);
       ++send_polls;
       if (got < 0 || (got > 0 && (wc[0].status != IBV_WC_SUCCESS ||
@@ -129,7 +178,9 @@ int main(int argc, char** argv) {
       }
       if (spins > 100000000) fail("completion timeout");
     }
-    send_poll_total += now_ns() - t1;
+    const double t2 = now_ns();
+    send_poll_total += t2 - t1;
+    samples_add(&send_poll_s, (t2 - t1) / (double)batch_polls);
   }
 
   /* Receives: b posts 16, a sends 16 inline 8-byte messages (untimed; 15 unsignaled + 1
@@ -147,7 +198,9 @@ int main(int argc, char** argv) {
       rwr.wr_id = (uint64_t)(recvs + k);
       if (ibv_post_recv(b.qp, &rwr, &rbad)) fail("post_recv");
     }
-    recv_post_total += now_ns() - t0;
+    const double posted_at = now_ns();
+    recv_post_total += posted_at - t0;
+    samples_add(&post_recv_s, (posted_at - t0) / 16);
     for (int k = 0; k < 16; ++k) {
       swr.wr_id = (uint64_t)k;
       swr.send_flags = IBV_SEND_INLINE | (k == 15 ? IBV_SEND_SIGNALED : 0);
@@ -167,7 +220,9 @@ int main(int argc, char** argv) {
       batch_got += got;
       if (spins > 100000000) fail("receive completion timeout");
     }
-    recv_poll_total += now_ns() - t0;
+    const double reaped_at = now_ns();
+    recv_poll_total += reaped_at - t0;
+    samples_add(&recv_poll_s, (reaped_at - t0) / (double)batch_got);
     reaped += batch_got;
     recvs += 16;
     int got = 0;
@@ -178,8 +233,12 @@ int main(int argc, char** argv) {
     }
   }
   printf("empty_poll_ns=%.2f post_send_ns=%.2f send_poll_ns=%.2f post_recv_ns=%.2f "
-         "recv_poll_ns=%.2f iterations=%ld\n",
+         "recv_poll_ns=%.2f empty_poll_p50_ns=%.2f post_send_p50_ns=%.2f send_poll_p50_ns=%.2f "
+         "post_recv_p50_ns=%.2f recv_poll_p50_ns=%.2f iterations=%ld\n",
          poll_ns, post_total / (double)posts, send_poll_total / (double)send_polls,
-         recv_post_total / (double)recvs, recv_poll_total / (double)reaped, iterations);
+         recv_post_total / (double)recvs, recv_poll_total / (double)reaped,
+         samples_median(&empty_poll_s), samples_median(&post_send_s),
+         samples_median(&send_poll_s), samples_median(&post_recv_s),
+         samples_median(&recv_poll_s), iterations);
   return 0;
 }

@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
-# Alternates runs with and without the shim on the fake fabric and prints the medians and the
-# difference (what the shim adds per call). First checks that the shim's run exercises the
-# protected path (bench/check_protected.sh); refuses to measure otherwise.
+# Alternates runs with and without the shim on the fake fabric and prints what the shim adds per
+# call, two ways: the difference of the medians of each run's mean, and the median over rounds
+# of the difference between a round's two runs of their batch medians (*_p50_ns: a run's
+# median over batches of 16 calls). The second is the one to trust on a VM with steal time: a
+# preempted batch does not move a batch median, and comparing the two runs of one round (a
+# second apart) leaves out the machine's slower and faster minutes. First checks that the
+# shim's run exercises the protected path (bench/check_protected.sh); refuses to measure
+# otherwise.
 # Usage: bench/run.sh [build-dir] [rounds] [iterations]
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -16,23 +21,30 @@ shim="$build/lib/libverbs_failover.so"
 fields=(empty_poll_ns post_send_ns send_poll_ns post_recv_ns recv_poll_ns)
 labels=("ibv_poll_cq, empty CQ (per call)" "ibv_post_send, inline 8 B write" \
         "ibv_poll_cq reaping 1 signaled send wc" "ibv_post_recv" "ibv_poll_cq, per receive wc")
-declare -A base shimmed
-field() { sed -E "s/.*$1=([0-9.]+).*/\1/" <<<"$2"; }
+declare -A base shimmed paired
+field() { sed -E "s/.*[ ^]$1=([0-9.]+).*/\1/" <<<" $2"; }
 for ((r = 0; r < rounds; r++)); do
   # --idle-pair: the same number of connected QPs on the fake as under the shim (its standby
   # pair), so the fake's own per-call work is alike in both runs (post_poll_bench.c says why).
-  line=$(LD_LIBRARY_PATH="$fake_dir" taskset -c 0 "$bench" "$iterations" --idle-pair)
-  echo "round $r no shim: $line"
-  for f in "${fields[@]}"; do base[$f]+="$(field "$f" "$line") "; done
+  plain=$(LD_LIBRARY_PATH="$fake_dir" taskset -c 0 "$bench" "$iterations" --idle-pair)
+  echo "round $r no shim: $plain"
   line=$(LD_LIBRARY_PATH="$fake_dir" LD_PRELOAD="$shim" taskset -c 0 "$bench" "$iterations")
   echo "round $r shim   : $line"
-  for f in "${fields[@]}"; do shimmed[$f]+="$(field "$f" "$line") "; done
+  for f in "${fields[@]}"; do
+    base[$f]+="$(field "$f" "$plain") "
+    shimmed[$f]+="$(field "$f" "$line") "
+    p50=${f%_ns}_p50_ns
+    paired[$f]+="$(awk -v a="$(field "$p50" "$line")" -v b="$(field "$p50" "$plain")" \
+      'BEGIN{printf "%.2f", a-b}') "
+  done
 done
 median() { printf '%s\n' $1 | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
-printf 'rounds=%d iterations=%d (medians, ns)\n' "$rounds" "$iterations"
+printf 'rounds=%d iterations=%d (ns; means: medians of the runs\x27 means; paired p50: median over rounds of shim minus no shim, batch medians)\n' \
+  "$rounds" "$iterations"
 for i in "${!fields[@]}"; do
   f=${fields[$i]}
   b=$(median "${base[$f]}"); s=$(median "${shimmed[$f]}")
-  printf '%-40s no shim %8s  shim %8s  added %7.2f\n' "${labels[$i]}" "$b" "$s" \
-    "$(awk -v a="$s" -v b="$b" 'BEGIN{print a-b}')"
+  printf '%-40s means: no shim %8s  shim %8s  added %7.2f | paired p50 added %7.2f\n' \
+    "${labels[$i]}" "$b" "$s" "$(awk -v a="$s" -v b="$b" 'BEGIN{print a-b}')" \
+    "$(median "${paired[$f]}")"
 done
