@@ -985,7 +985,8 @@ void finish_switch(Protection& p) {
   SwitchState& sw = p.sw;
   std::vector<const SendRecord*> replay, unrecoverable;
   std::uint64_t replayed = 0, synthesized = 0;
-  v.lock_exclusive();
+  v.send_cq->lock.lock();
+  v.lock().lock();
   if (!v.send_ring().replay_set(sw.peer_count, replay, unrecoverable)) {
     VF_LOG_ERROR("qp {}: the peer reports {} messages delivered but only {} were posted; "
                  "replaying everything outstanding",
@@ -1039,7 +1040,8 @@ void finish_switch(Protection& p) {
     v.awaiting_resume.store(true, std::memory_order_relaxed);
   }
   if (sw.to == kPrimary && !v.application_failed.load()) v.set_mode(PostMode::kDirect);
-  v.unlock_exclusive();
+  v.lock().unlock();
+  v.send_cq->lock.unlock();
 
   v.counters.replayed_wrs.fetch_add(replayed, std::memory_order_relaxed);
   v.counters.synthesized_completions.fetch_add(synthesized, std::memory_order_relaxed);
@@ -1079,7 +1081,9 @@ bool post_drain_marker(Protection& p, int path) {
     return false;
   }
   ibv_qp* qp = v.path[path].qp;
+  v.lock().lock();
   v.clear_drain_marker(path);
+  v.lock().unlock();
   ibv_recv_wr marker{};
   marker.wr_id = kDrainMarkerWrId;
   ibv_recv_wr* bad = nullptr;
@@ -1106,7 +1110,9 @@ void drain_old_path(Protection& p, int from) {
     v.send_cq->drain_into_stash(from);
     if (v.recv_cq != v.send_cq) v.recv_cq->drain_into_stash(from);
     if (!marked) return;
+    v.lock().lock();
     const bool seen = v.drain_marker_seen(from);
+    v.lock().unlock();
     Device& device = engine().devices[v.path[from].device_index];
     if (seen) {
       device.marker_flush = Device::MarkerFlush::kYes;
@@ -1148,10 +1154,10 @@ void begin_switch(Protection& p, int target, FailoverReason reason, std::uint32_
   p.epoch = epoch;
   VF_LOG_INFO("qp {}: switching {} -> {} ({}, epoch {})", v.vqpn, path_name(from),
               path_name(target), reason_name(reason), epoch);
-  v.lock_exclusive();
+  v.lock().lock();
   v.set_mode(PostMode::kRouted);
   v.set_holding(true);
-  v.unlock_exclusive();
+  v.lock().unlock();
   // After this the old path's responder drops whatever still arrives: nothing the peer sends
   // on it can be delivered behind our count.
   to_error(v.path[from].qp, from == kPrimary);
@@ -1160,7 +1166,7 @@ void begin_switch(Protection& p, int target, FailoverReason reason, std::uint32_
     v.send_cq->shadow_active.store(true);
     v.recv_cq->shadow_active.store(true);
   }
-  v.lock_exclusive();
+  v.lock().lock();
   v.set_accepting(from, false);
   sw.local_count = v.recv_ring().delivered_messages();
   v.set_active_path(target);
@@ -1168,7 +1174,7 @@ void begin_switch(Protection& p, int target, FailoverReason reason, std::uint32_
   v.restart_receives();
   v.post_pending(false);
   v.link_error_seen.store(false);
-  v.unlock_exclusive();
+  v.lock().unlock();
   sw.local_ready = true;
 }
 
@@ -1183,11 +1189,11 @@ bool can_switch_to(const Protection& p, int target) {
 void release_held_errors(Protection& p) {
   VirtualQp& v = *p.qp;
   std::vector<VirtualQp::HeldError> held;
-  v.lock_exclusive();
+  v.lock().lock();
   v.take_held_errors(held);
   if (v.active_path() == kPrimary) v.set_mode(PostMode::kBypass);
   v.application_failed.store(true);
-  v.unlock_exclusive();
+  v.lock().unlock();
   for (const VirtualQp::HeldError& error : held) {
     error.cq->lock.lock();
     error.cq->stash_for_application(error.wc);
@@ -1209,7 +1215,7 @@ void abort_switch(Protection& p, const char* why) {
                "failure",
                v.vqpn, path_name(p.sw.to), why);
   std::vector<ibv_wc> flushed;
-  v.lock_exclusive();
+  v.lock().lock();
   v.send_ring().for_each_from(v.next_send_to_post(), [&](const SendRecord& record) {
     if (record.signaled) {
       ibv_wc wc{};
@@ -1227,7 +1233,7 @@ void abort_switch(Protection& p, const char* why) {
   // path) are the application's again.
   v.set_active_path(kPrimary);
   v.set_accepting(kPrimary, true);
-  v.unlock_exclusive();
+  v.lock().unlock();
   p.sw.in_progress = false;
   release_held_errors(p);
   v.send_cq->lock.lock();
@@ -1354,9 +1360,9 @@ void give_up_member(Protection& q, const char* why) {
   VirtualQp& v = *q.qp;
   to_error(v.path[v.active_path()].qp, v.active_path() == kPrimary);
   release_held_errors(q);
-  v.lock_exclusive();
+  v.lock().lock();
   v.set_mode(PostMode::kBypass);
-  v.unlock_exclusive();
+  v.lock().unlock();
   set_unprotected(q, fmt::format("its shared receive queue moved without it ({})", why));
 }
 
@@ -1841,7 +1847,7 @@ void periodic_work() {
       // Ask the peer for what we miss, then try again (the answer arrives as an MrUpdate).
       std::uint32_t missing = 0;
       bool found = false;
-      v.lock_exclusive();
+      v.lock().lock();
       v.send_ring().for_each_from(v.next_send_to_post(), [&](const SendRecord& record) {
         std::uint32_t ignored = 0;
         const std::uint32_t rkey = record.wr.opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
@@ -1852,13 +1858,13 @@ void periodic_work() {
         missing = rkey;
         return false;
       });
-      v.unlock_exclusive();
+      v.lock().unlock();
       if (found && !p.peer.local) send_to_peer(p, MrQuery{missing, p.remote.gid});
     }
     if (!v.holding() && v.mode() == PostMode::kRouted) {
-      v.lock_exclusive();
+      v.lock().lock();
       v.post_pending();
-      v.unlock_exclusive();
+      v.lock().unlock();
     }
     for (int path = 0; path < kPathCount; ++path) maybe_rearm(p, path);
     if (p.pending_event != UINT32_MAX) {
@@ -2310,9 +2316,9 @@ void pin_srq_group(SrqGroup& g, const std::string& why) {
         (member->path[kPrimary].failed || member->link_error_seen.load())) {
       release_held_errors(it->second);
     }
-    member->lock_exclusive();
+    member->lock().lock();
     if (!it->second.sw.in_progress) member->set_mode(PostMode::kBypass);
-    member->unlock_exclusive();
+    member->lock().unlock();
     it->second.pairing = false;
     it->second.paired = false;
     set_unprotected(it->second, fmt::format("its shared receive queue is unprotected ({})", why));
@@ -2564,9 +2570,9 @@ int FailoverEngine::modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask,
       if (v->active_path() == kStandby && v->path[kStandby].qp != nullptr) {
         to_error(v->path[kStandby].qp, false);
       } else if (!p.sw.in_progress) {
-        v->lock_exclusive();
+        v->lock().lock();
         v->set_mode(PostMode::kBypass);
-        v->unlock_exclusive();
+        v->lock().unlock();
       }
       p.pairing = false;
       p.start_pairing_pending = false;

@@ -15,9 +15,8 @@ ReceiveRing::ReceiveRing(std::uint32_t capacity, std::uint32_t max_sge)
       sge_storage_(static_cast<std::size_t>(mask_ + 1) * max_sge_) {}
 
 bool ReceiveRing::consume_oldest(std::uint64_t wr_id) {
-  const std::uint64_t head = head_.get();
-  if (head == tail_.get() || records_[slot_of(head)].wr_id != wr_id) return false;
-  head_.set(head + 1);
+  if (head_ == tail_ || records_[slot_of(head_)].wr_id != wr_id) return false;
+  ++head_;
   ++delivered_;
   return true;
 }

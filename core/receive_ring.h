@@ -11,8 +11,6 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/ring_index.h"
-
 namespace vf {
 
 struct ReceiveRecord {
@@ -20,9 +18,6 @@ struct ReceiveRecord {
   std::uint32_t num_sge = 0;
 };
 
-// One producer and one consumer may use it at once, as a RetransmitRing: the producer (the
-// holder of the QP's lock) owns the tail and the slots past it; the consumer (the holder of the
-// lock of the CQ the QP's receives complete on) owns the head and the delivered count.
 class ReceiveRing {
  public:
   static constexpr std::uint32_t kMaxCapacity = 1u << 16;
@@ -39,11 +34,11 @@ class ReceiveRing {
     if (__builtin_expect(num_sge < 0 || static_cast<std::uint32_t>(num_sge) > max_sge_, 0)) {
       return EINVAL;
     }
-    const std::uint32_t slot = slot_of(tail_.get());
+    const std::uint32_t slot = slot_of(tail_);
     records_[slot] = {wr.wr_id, static_cast<std::uint32_t>(num_sge)};
     ibv_sge* sge = &sge_storage_[static_cast<std::size_t>(slot) * max_sge_];
     for (int i = 0; i < num_sge; ++i) sge[i] = wr.sg_list[i];
-    tail_.advance();
+    ++tail_;
     return 0;
   }
 
@@ -54,29 +49,21 @@ class ReceiveRing {
 
   // The oldest pending receive (its position numbers it on a path that carries the position as
   // wr_id), or nullptr.
-  const ReceiveRecord* oldest() const {
-    const std::uint64_t head = head_.get();
-    return head == tail_.get() ? nullptr : &records_[slot_of(head)];
-  }
-  std::uint64_t oldest_position() const { return head_.get(); }
+  const ReceiveRecord* oldest() const { return head_ == tail_ ? nullptr : &records_[slot_of(head_)]; }
+  std::uint64_t oldest_position() const { return head_; }
   // The pending receive at this position, or nullptr.
   const ReceiveRecord* at(std::uint64_t position) const {
-    return position >= head_.get() && position < tail_.get() ? &records_[slot_of(position)]
-                                                             : nullptr;
+    return position >= head_ && position < tail_ ? &records_[slot_of(position)] : nullptr;
   }
-  std::uint64_t next_position() const { return tail_.get(); }
-  // Undoes the newest `count` records (the provider refused them; no consumer can see them).
+  std::uint64_t next_position() const { return tail_; }
+  // Undoes the newest `count` records (the provider refused them).
   void drop_newest(std::uint32_t count) {
-    const std::uint64_t head = head_.get();
-    std::uint64_t tail = tail_.get();
-    while (count-- > 0 && tail > head) --tail;
-    tail_.set(tail);
+    while (count-- > 0 && tail_ > head_) --tail_;
   }
   // Visits pending receives with position >= from, oldest first (position, record, sges).
   template <typename Visit>
   void for_each_from(std::uint64_t from, Visit&& visit) const {
-    for (std::uint64_t position = std::max(from, head_.get()), tail = tail_.get(); position < tail;
-         ++position) {
+    for (std::uint64_t position = std::max(from, head_); position < tail_; ++position) {
       const std::uint32_t slot = slot_of(position);
       visit(position, records_[slot], &sge_storage_[static_cast<std::size_t>(slot) * max_sge_]);
     }
@@ -84,15 +71,12 @@ class ReceiveRing {
   std::uint64_t delivered_messages() const { return delivered_; }
   // A message consumed a receive of the QP's shared receive queue (which keeps that receive).
   void note_delivered() { ++delivered_; }
-  std::uint32_t pending() const {
-    const std::uint64_t head = head_.get();  // first: the tail read after it is never behind it
-    return static_cast<std::uint32_t>(tail_.get() - head);
-  }
+  std::uint32_t pending() const { return static_cast<std::uint32_t>(tail_ - head_); }
 
   // The pending receives, oldest first, to post again on the standby path.
   template <typename Visit>
   void for_each_pending(Visit&& visit) const {
-    for (std::uint64_t position = head_.get(), tail = tail_.get(); position < tail; ++position) {
+    for (std::uint64_t position = head_; position < tail_; ++position) {
       const std::uint32_t slot = slot_of(position);
       visit(records_[slot], &sge_storage_[static_cast<std::size_t>(slot) * max_sge_]);
     }
@@ -108,9 +92,9 @@ class ReceiveRing {
   std::uint32_t max_sge_;
   std::vector<ReceiveRecord> records_;
   std::vector<ibv_sge> sge_storage_;
-  RingIndex head_;  // consumer's
-  RingIndex tail_;  // producer's
-  std::uint64_t delivered_ = 0;  // consumer's
+  std::uint64_t head_ = 0;
+  std::uint64_t tail_ = 0;
+  std::uint64_t delivered_ = 0;
 };
 
 }  // namespace vf

@@ -21,38 +21,31 @@ RetransmitRing::RetransmitRing(std::uint32_t capacity, std::uint32_t max_sge,
       inline_storage_(static_cast<std::size_t>(slots_) * max_inline_),
       signaled_(slots_) {}
 
-// Producer: the dropped requests were never posted, so no consumer can be retiring them.
 void RetransmitRing::drop_newest(std::uint32_t count) {
-  const std::uint64_t head = head_.get();
-  std::uint64_t tail = tail_.get();
-  std::uint64_t sig_tail = sig_tail_.get();
-  while (count-- > 0 && tail > head) {
-    --tail;
+  while (count-- > 0 && tail_ > head_) {
+    --tail_;
     --next_sequence_;
-    if (sig_tail > sig_head_.get() && signaled_[(sig_tail - 1) & mask_] == tail) --sig_tail;
-    if (records_[slot_of(tail)].consumes_receive()) --messages_posted_;
+    if (sig_tail_ > sig_head_ && signaled_[(sig_tail_ - 1) & mask_] == tail_) --sig_tail_;
+    if (records_[slot_of(tail_)].consumes_receive()) --messages_posted_;
   }
-  sig_tail_.set(sig_tail);
-  tail_.set(tail);
 }
 
 bool RetransmitRing::retire_next_signaled(std::uint64_t wr_id) {
-  const std::uint64_t sig_head = sig_head_.get();
-  if (sig_head == sig_tail_.get()) return false;
-  const std::uint64_t position = signaled_[sig_head & mask_];
+  if (sig_head_ == sig_tail_) return false;
+  const std::uint64_t position = signaled_[sig_head_ & mask_];
   if (records_[slot_of(position)].wr.wr_id != wr_id) return false;
-  head_.set(position + 1);
-  sig_head_.set(sig_head + 1);
+  head_ = position + 1;
+  ++sig_head_;
   return true;
 }
 
 bool RetransmitRing::retire_sequence(std::uint64_t sequence, SendRecord& out) {
-  for (std::uint64_t position = head_.get(), tail = tail_.get(); position < tail; ++position) {
+  for (std::uint64_t position = head_; position < tail_; ++position) {
     const SendRecord& entry = records_[slot_of(position)];
     if (entry.sequence < sequence) continue;
     if (entry.sequence != sequence) return false;
     out = entry;
-    head_.set(position + 1);
+    head_ = position + 1;
     drop_retired_signaled();
     return true;
   }
@@ -70,10 +63,7 @@ void RetransmitRing::move_slot(std::uint32_t from, std::uint32_t to) {
 }
 
 void RetransmitRing::retire_through(std::uint64_t sequence) {
-  std::uint64_t head = head_.get();
-  const std::uint64_t tail = tail_.get();
-  while (head < tail && records_[slot_of(head)].sequence <= sequence) ++head;
-  head_.set(head);
+  while (head_ < tail_ && records_[slot_of(head_)].sequence <= sequence) ++head_;
   drop_retired_signaled();
 }
 
@@ -83,7 +73,7 @@ bool RetransmitRing::replay_set(std::uint64_t delivered_messages,
   replay.clear();
   unrecoverable.clear();
   if (delivered_messages > messages_posted_) return false;
-  for (std::uint64_t position = head_.get(), tail = tail_.get(); position < tail; ++position) {
+  for (std::uint64_t position = head_; position < tail_; ++position) {
     const SendRecord& entry = records_[slot_of(position)];
     if (entry.is_atomic()) {
       unrecoverable.push_back(&entry);

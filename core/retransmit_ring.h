@@ -11,8 +11,6 @@
 #include <cstring>
 #include <vector>
 
-#include "core/ring_index.h"
-
 namespace vf {
 
 struct SendRecord {
@@ -32,12 +30,6 @@ struct SendRecord {
   }
 };
 
-// One producer and one consumer may use a ring at once. The producer (whoever holds the QP's
-// lock: a post, or the engine) owns the tail, the signaled tail, the sequence and message
-// counters and the slots past the tail; the consumer (whoever holds the lock of the CQ the QP's
-// sends complete on: a poll, or the engine's drain) owns the head and the signaled head, and
-// only reads slots between head and tail. Whatever changes the ring as a whole (compact,
-// retire_through, replay_set, the engine's walks) holds both locks.
 class RetransmitRing {
  public:
   static constexpr std::uint32_t kMaxCapacity = 1u << 16;
@@ -63,7 +55,7 @@ class RetransmitRing {
   bool retire_sequence(std::uint64_t sequence, SendRecord& out);
   // The outstanding request with this sequence, or nullptr (nothing retires).
   const SendRecord* find_sequence(std::uint64_t sequence) const {
-    for (std::uint64_t position = head_.get(), tail = tail_.get(); position < tail; ++position) {
+    for (std::uint64_t position = head_; position < tail_; ++position) {
       const SendRecord& entry = records_[slot_of(position)];
       if (entry.sequence == sequence) return &entry;
       if (entry.sequence > sequence) break;
@@ -77,7 +69,7 @@ class RetransmitRing {
   // Visits outstanding requests with sequence >= `from`, oldest first; stops when visit is false.
   template <typename Visit>
   void for_each_from(std::uint64_t from, Visit&& visit) const {
-    for (std::uint64_t position = head_.get(), tail = tail_.get(); position < tail; ++position) {
+    for (std::uint64_t position = head_; position < tail_; ++position) {
       const SendRecord& entry = records_[slot_of(position)];
       if (entry.sequence >= from && !visit(entry)) return;
     }
@@ -85,7 +77,7 @@ class RetransmitRing {
   // Outstanding requests, oldest first.
   template <typename Visit>
   void for_each(Visit&& visit) const {
-    for (std::uint64_t position = head_.get(), tail = tail_.get(); position < tail; ++position) {
+    for (std::uint64_t position = head_; position < tail_; ++position) {
       visit(records_[slot_of(position)]);
     }
   }
@@ -110,10 +102,7 @@ class RetransmitRing {
   const ibv_sge* sges(const SendRecord& record) const;
   const std::uint8_t* inline_data(const SendRecord& record) const;
 
-  std::uint32_t outstanding() const {
-    const std::uint64_t head = head_.get();  // first: the tail read after it is never behind it
-    return static_cast<std::uint32_t>(tail_.get() - head);
-  }
+  std::uint32_t outstanding() const { return static_cast<std::uint32_t>(tail_ - head_); }
   std::uint32_t capacity() const { return capacity_; }
   std::uint64_t last_sequence() const { return next_sequence_ - 1; }
   std::uint64_t messages_posted() const { return messages_posted_; }
@@ -124,15 +113,9 @@ class RetransmitRing {
     return static_cast<std::uint32_t>(position & mask_);
   }
   void move_slot(std::uint32_t from, std::uint32_t to);
-  void push_signaled(std::uint64_t position) {
-    signaled_[sig_tail_.get() & mask_] = position;
-    sig_tail_.advance();
-  }
+  void push_signaled(std::uint64_t position) { signaled_[sig_tail_++ & mask_] = position; }
   void drop_retired_signaled() {
-    const std::uint64_t head = head_.get(), sig_tail = sig_tail_.get();
-    std::uint64_t sig_head = sig_head_.get();
-    while (sig_head < sig_tail && signaled_[sig_head & mask_] < head) ++sig_head;
-    sig_head_.set(sig_head);
+    while (sig_head_ < sig_tail_ && signaled_[sig_head_ & mask_] < head_) ++sig_head_;
   }
 
   std::uint32_t capacity_;  // how many requests may be outstanding (the send queue's depth)
@@ -146,10 +129,10 @@ class RetransmitRing {
   // Positions of the outstanding signaled requests, oldest first: a completion retires through
   // the oldest one without walking the unsignaled requests before it.
   std::vector<std::uint64_t> signaled_;
-  RingIndex sig_head_;  // consumer's
-  RingIndex sig_tail_;  // producer's
-  RingIndex head_;      // oldest outstanding position (consumer's)
-  RingIndex tail_;      // next free position (producer's)
+  std::uint64_t sig_head_ = 0;
+  std::uint64_t sig_tail_ = 0;
+  std::uint64_t head_ = 0;  // oldest outstanding position
+  std::uint64_t tail_ = 0;  // next free position
   std::uint64_t next_sequence_ = 1;
   std::uint64_t messages_posted_ = 0;
 };
@@ -162,8 +145,7 @@ class RetransmitRing {
   }
   // The slot past the tail is free: its SGEs and inline bytes are written before the request is
   // validated, and only count once the tail moves.
-  const std::uint64_t tail = tail_.get();
-  const std::uint32_t slot = slot_of(tail);
+  const std::uint32_t slot = slot_of(tail_);
   ibv_sge* sge = &sge_storage_[static_cast<std::size_t>(slot) * max_sge_];
   std::uint64_t total_length = 0;
   for (int i = 0; i < num_sge; ++i) {
@@ -192,27 +174,23 @@ class RetransmitRing {
   entry.signaled = signaled;
   messages_posted_ += SendRecord::opcode_consumes_receive(wr.opcode) ? 1 : 0;
   entry.message_index = messages_posted_;
+  if (signaled) push_signaled(tail_);
   ++next_sequence_;
-  // The tail first: a consumer that finds the request among the signaled ones finds it below
-  // the tail as well.
-  tail_.set(tail + 1);
-  if (signaled) push_signaled(tail);
+  ++tail_;
   return 0;
 }
 
 template <typename Keep>
 void RetransmitRing::compact(Keep&& keep) {
-  const std::uint64_t head = head_.get(), tail = tail_.get();
-  std::uint64_t write = head;
-  sig_head_.set(0);
-  sig_tail_.set(0);
-  for (std::uint64_t read = head; read < tail; ++read) {
+  std::uint64_t write = head_;
+  sig_head_ = sig_tail_ = 0;
+  for (std::uint64_t read = head_; read < tail_; ++read) {
     if (!keep(static_cast<const SendRecord&>(records_[slot_of(read)]))) continue;
     if (write != read) move_slot(slot_of(read), slot_of(write));
     if (records_[slot_of(write)].signaled) push_signaled(write);
     ++write;
   }
-  tail_.set(write);
+  tail_ = write;
 }
 
 }  // namespace vf

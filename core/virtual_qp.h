@@ -5,10 +5,7 @@
 // from its own thread through the same locks.
 //
 // Locking: each VirtualQp and each CqState has its own SpinLock (never one shared by QPs). Order:
-// a CqState lock may be held while taking a VirtualQp lock, never the reverse. A post holds the
-// QP's lock and fills its rings (their producer side); a poll holds only the CQ's lock and
-// empties them (their consumer side, see RingIndex): the healthy poll takes one lock, not two.
-// The engine changes a QP's state with lock_exclusive() (its CQs' locks and its own).
+// a CqState lock may be held while taking a VirtualQp lock, never the reverse.
 #pragma once
 
 #include <infiniband/verbs.h>
@@ -178,9 +175,8 @@ class VirtualQp {
   // Inline (below): the healthy primary's path runs in every post of a protected QP.
   int post_send(ibv_send_wr* wr, ibv_send_wr** bad_wr);
   int post_recv(ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
-  // One completion polled from `path`'s physical CQ, under that CQ's lock (not the QP's):
-  // bookkeeping, translation to what the application must see. Returns false when it must not
-  // reach the application.
+  // One completion polled from `path`'s physical CQ, under lock(): bookkeeping, translation to
+  // what the application must see. Returns false when it must not reach the application.
   bool on_completion_locked(CqState& cq, int path, ibv_wc& wc);
   // Engine, when a switch turns out impossible: the error completions hidden in the hope of one
   // go to the application after all, as they would have without the shim.
@@ -216,11 +212,8 @@ class VirtualQp {
   int wr_complete_routed_locked();
   void wr_abort();
 
-  // ---- engine (its thread), under lock_exclusive() ----
-  // The locks of the QP's CQs (lower address first when they differ) and then its own: no post
-  // and no poll is inside the QP's state until unlock_exclusive().
-  void lock_exclusive();
-  void unlock_exclusive();
+  // ---- engine (its thread), under lock() ----
+  SpinLock& lock() { return lock_; }
   PostMode mode() const { return mode_.load(std::memory_order_relaxed); }
   void set_mode(PostMode mode) { mode_.store(mode, std::memory_order_relaxed); }
   int active_path() const { return active_.load(std::memory_order_relaxed); }
@@ -228,12 +221,8 @@ class VirtualQp {
   bool accepting(int path) const { return accepting_[path]; }
   void set_accepting(int path, bool on) { accepting_[path] = on; }
   // The drain marker's flush was polled on this path (on_completion_locked sets it).
-  bool drain_marker_seen(int path) const {
-    return drain_marker_seen_[path].load(std::memory_order_acquire);
-  }
-  void clear_drain_marker(int path) {
-    drain_marker_seen_[path].store(false, std::memory_order_release);
-  }
+  bool drain_marker_seen(int path) const { return drain_marker_seen_[path]; }
+  void clear_drain_marker(int path) { drain_marker_seen_[path] = false; }
   RetransmitRing& send_ring() { return send_ring_; }
   ReceiveRing& recv_ring() { return recv_ring_; }
   // Posts what the rings hold beyond what the active path already has. Returns false when a
@@ -287,25 +276,21 @@ class VirtualQp {
   bool post_one_send(const SendRecord& record, int path, bool* missing_key);
   bool post_one_recv(std::uint64_t position, const ReceiveRecord& record, const ibv_sge* sges,
                      int path);
-  // Takes the QP's lock (held errors, the paths' state).
   bool on_error_completion(CqState& cq, int path, ibv_wc& wc);
-  bool on_error_completion_locked(CqState& cq, int path, ibv_wc& wc);
   void translate_standby_error(ibv_wc& wc);
 
   SpinLock lock_;
   std::atomic<PostMode> mode_{PostMode::kDirect};  // written under lock_; read by wr_start without it
   std::atomic<int> active_{kPrimary};
   bool accepting_[kPathCount] = {true, false};
-  std::atomic<bool> drain_marker_seen_[kPathCount] = {false, false};
+  bool drain_marker_seen_[kPathCount] = {false, false};
   RetransmitRing send_ring_;
   ReceiveRing recv_ring_;
   std::uint64_t next_send_to_post_ = 1;  // ring sequence
   std::uint64_t next_recv_to_post_ = 0;  // ring position
   bool holding_ = false;
   WrBatch batch_;
-  // Under lock_ (pollers of two CQs may add to it). Capacity fixed at creation: no allocation
-  // on the path.
-  std::vector<HeldError> held_errors_;
+  std::vector<HeldError> held_errors_;  // capacity fixed at creation: no allocation on the path
 };
 
 inline int CqState::poll(int num_entries, ibv_wc* wc) {

@@ -7,7 +7,6 @@
 #include <sys/eventfd.h>
 
 #include <cstring>
-#include <utility>
 
 #include "core/clock.h"
 #include "core/datapath_registries.h"
@@ -77,21 +76,6 @@ VirtualQp::VirtualQp(ibv_qp* qp, const ibv_context_ops* ops, const ibv_qp_cap& c
   batch_.sges.resize(batch * max_send_sge);
   batch_.inline_data.resize(batch * max_inline);
   held_errors_.reserve(static_cast<std::size_t>(cap.max_send_wr) + cap.max_recv_wr + 16);
-}
-
-void VirtualQp::lock_exclusive() {
-  CqState* first = send_cq;
-  CqState* second = recv_cq;
-  if (second < first) std::swap(first, second);
-  first->lock.lock();
-  if (second != first) second->lock.lock();
-  lock_.lock();
-}
-
-void VirtualQp::unlock_exclusive() {
-  lock_.unlock();
-  send_cq->lock.unlock();
-  if (recv_cq != send_cq) recv_cq->lock.unlock();
 }
 
 // ---------------------------------------------------------------- posting
@@ -298,13 +282,6 @@ void VirtualQp::translate_standby_error(ibv_wc& wc) {
 }
 
 bool VirtualQp::on_error_completion(CqState& cq, int p, ibv_wc& wc) {
-  lock_.lock();
-  const bool shown = on_error_completion_locked(cq, p, wc);
-  lock_.unlock();
-  return shown;
-}
-
-bool VirtualQp::on_error_completion_locked(CqState& cq, int p, ibv_wc& wc) {
   const bool alternative = path[other_path(p)].connected && !path[other_path(p)].failed;
   if (is_link_failure(wc.status) && alternative &&
       !application_failed.load(std::memory_order_relaxed)) {
@@ -342,7 +319,7 @@ bool VirtualQp::on_completion_locked(CqState& cq, int p, ibv_wc& wc) {
   if (__builtin_expect(!accepting_[p], 0)) {
     // A path traffic has left: whatever it still reports was drained, replayed or synthesized.
     if (wc.wr_id == kDrainMarkerWrId && wc.status == IBV_WC_WR_FLUSH_ERR) {
-      drain_marker_seen_[p].store(true, std::memory_order_release);
+      drain_marker_seen_[p] = true;
     } else if (wc.status != IBV_WC_SUCCESS) {
       counters.hidden_error_completions.fetch_add(1, std::memory_order_relaxed);
     }
@@ -350,7 +327,7 @@ bool VirtualQp::on_completion_locked(CqState& cq, int p, ibv_wc& wc) {
   }
   if (__builtin_expect(wc.status != IBV_WC_SUCCESS, 0)) {
     if (wc.wr_id == kDrainMarkerWrId && wc.status == IBV_WC_WR_FLUSH_ERR) {
-      drain_marker_seen_[p].store(true, std::memory_order_release);  // the engine's
+      drain_marker_seen_[p] = true;  // the engine's, never the application's
       return false;
     }
     return mode_ == PostMode::kBypass ? true : on_error_completion(cq, p, wc);
@@ -418,21 +395,23 @@ int CqState::poll_physical(int p, int num_entries, ibv_wc* wc, int* raw) {
 
 int CqState::keep_for_application_locked(int p, int polled, ibv_wc* wc) {
   const int device = p == kPrimary ? device_index : shadow_device_index;
-  // Completions come in runs of one QP: one lookup per run, not per completion. No QP lock: this
-  // CQ's lock makes the poll the consumer of the QPs' rings (virtual_qp.h).
+  // Completions come in runs of one QP: one lookup and one lock per run, not per completion.
   int kept = 0;
   VirtualQp* qp = nullptr;
   std::uint32_t qpn = 0;
   for (int i = 0; i < polled; ++i) {
     if (i == 0 || wc[i].qp_num != qpn) {
+      if (qp != nullptr) qp->lock().unlock();
       qpn = wc[i].qp_num;
       qp = find_virtual_qp_by_qpn(device, qpn);
+      if (qp != nullptr) qp->lock().lock();
     }
     // A standby completion nobody owns (its QP was destroyed) is the shim's, never the app's.
     if (qp == nullptr ? p == kStandby : !qp->on_completion_locked(*this, p, wc[i])) continue;
     if (kept != i) wc[kept] = wc[i];
     ++kept;
   }
+  if (qp != nullptr) qp->lock().unlock();
   return kept;
 }
 
