@@ -149,6 +149,20 @@ void run(const Run& r) {
   std::atomic<int> post_errors{0};
   std::atomic<bool> poster_timed_out{false};
 
+  // A post's result: taken (the next one is due), ENOMEM (the ring is full until the poller
+  // retires; the CPU is given away, as an application waiting for completions would, so that a
+  // loaded machine cannot starve the poller), or an error (counted; the poster stops).
+  auto accepted = [&](int result, std::uint64_t& next) {
+    if (result == 0) {
+      ++next;
+    } else if (result == ENOMEM) {
+      std::this_thread::yield();
+    } else {
+      ++post_errors;
+      return false;
+    }
+    return true;
+  };
   std::thread poster([&] {
     std::uint8_t payload[8] = {1, 2, 3, 4, 5, 6, 7, 8};
     std::uint64_t next_send = 0, next_recv = 0;
@@ -163,17 +177,7 @@ void run(const Run& r) {
         wr.send_flags = IBV_SEND_INLINE;
         if (next_send % 4 == 3 || next_send + 1 == r.sends) wr.send_flags |= IBV_SEND_SIGNALED;
         ibv_send_wr* bad = nullptr;
-        const int result = qp->post_send(&wr, &bad);
-        if (result == 0) {
-          ++next_send;
-        } else if (result == ENOMEM) {
-          // Full until the poller retires. Give the CPU away, as an application waiting for
-          // completions would: on a loaded machine a poster that only spins starves the poller.
-          std::this_thread::yield();
-        } else {
-          ++post_errors;
-          return;
-        }
+        if (!accepted(qp->post_send(&wr, &bad), next_send)) return;
       }
       if (next_recv < r.receives) {
         ibv_sge sge{0x1000, 64, 0};
@@ -182,15 +186,7 @@ void run(const Run& r) {
         wr.sg_list = &sge;
         wr.num_sge = 1;
         ibv_recv_wr* bad = nullptr;
-        const int result = qp->post_recv(&wr, &bad);
-        if (result == 0) {
-          ++next_recv;
-        } else if (result == ENOMEM) {
-          std::this_thread::yield();
-        } else {
-          ++post_errors;
-          return;
-        }
+        if (!accepted(qp->post_recv(&wr, &bad), next_recv)) return;
       }
     }
     if (next_send < r.sends || next_recv < r.receives) poster_timed_out = true;
