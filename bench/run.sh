@@ -22,7 +22,8 @@ fields=(empty_poll_ns post_send_ns send_poll_ns post_recv_ns recv_poll_ns)
 labels=("ibv_poll_cq, empty CQ (per call)" "ibv_post_send, inline 8 B write" \
         "ibv_poll_cq reaping 1 signaled send wc" "ibv_post_recv" "ibv_poll_cq, per receive wc")
 declare -A base shimmed paired
-field() { sed -E "s/.*[ ^]$1=([0-9.]+).*/\1/" <<<" $2"; }
+# A leading space before each name: post_send_ns never matches inside another field's name.
+field() { sed -E "s/.* $1=([0-9.]+).*/\1/" <<<" $2"; }
 for ((r = 0; r < rounds; r++)); do
   # --idle-pair: the same number of connected QPs on the fake as under the shim (its standby
   # pair), so the fake's own per-call work is alike in both runs (post_poll_bench.c says why).
