@@ -972,9 +972,12 @@ void post_switch_reset(Protection& p, int old_path) {
   VirtualQp& v = *p.qp;
   PhysicalPath& old = v.path[old_path];
   old.connected = false;
+  const std::uint64_t start = monotonic_ns();
   if (!reset_path(p, old_path)) {
     VF_LOG_WARN("qp {}: resetting the {} QP for later re-use failed", v.vqpn, path_name(old_path));
   }
+  VF_LOG_DEBUG("qp {}: the {} QP reset for re-use in {:.3f} ms", v.vqpn, path_name(old_path),
+               static_cast<double>(monotonic_ns() - start) / 1e6);
   p.rearm[old_path].needed = true;
   p.rearm[old_path].awaiting = false;
 }
@@ -1160,8 +1163,13 @@ void begin_switch(Protection& p, int target, FailoverReason reason, std::uint32_
   v.lock().unlock();
   // After this the old path's responder drops whatever still arrives: nothing the peer sends
   // on it can be delivered behind our count.
+  const std::uint64_t stop_start = monotonic_ns();
   to_error(v.path[from].qp, from == kPrimary);
+  const std::uint64_t drain_start = monotonic_ns();
   drain_old_path(p, from);
+  VF_LOG_DEBUG("qp {}: the {} path stopped (ERR {:.3f} ms, drained {:.3f} ms)", v.vqpn,
+               path_name(from), static_cast<double>(drain_start - stop_start) / 1e6,
+               static_cast<double>(monotonic_ns() - drain_start) / 1e6);
   if (target == kStandby) {
     v.send_cq->shadow_active.store(true);
     v.recv_cq->shadow_active.store(true);
