@@ -1921,6 +1921,8 @@ void handle_shadow_channel(ChannelState& channel) {
 }
 
 void run_engine() {
+  // It takes many locks in a row during a switch: it must never become their biased owner.
+  SpinLock::never_bias_this_thread();
   Engine& e = engine();
   std::vector<pollfd> fds;
   for (;;) {
@@ -2060,7 +2062,10 @@ bool start_engine() {
     return false;
   }
   if (!e.config.stats_file.empty()) atexit(write_stats_at_exit);
-  VF_LOG_DEBUG("failover: engine started, control port {}", e.channel.port());
+  // Probed here, off the data path (the first claim would otherwise pay the syscalls).
+  const bool biased_locks = SpinLock::bias_available();
+  VF_LOG_DEBUG("failover: engine started, control port {}; data-path locks {}", e.channel.port(),
+               biased_locks ? "biased to their thread (membarrier)" : "without bias (no membarrier)");
   return true;
 }
 

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "core/log.h"
+#include "core/spin_lock.h"
 #include "core/verbs_names.h"
 #include "shim/real_verbs.h"
 #include "shim/shim_state.h"
@@ -69,6 +70,8 @@ void on_port_event(WatchedDevice& watched, const ibv_async_event& event) {
 }
 
 void run_monitor() {
+  // A shim thread: it must never become the biased owner of a data-path lock it reaches.
+  vf::SpinLock::never_bias_this_thread();
   Monitor& m = monitor();
   std::vector<pollfd> fds;
   std::vector<std::size_t> index_of_fd;
