@@ -46,7 +46,12 @@ constexpr std::uint64_t kSweepTimeoutNs = 2'000'000'000;
 // round trip; one that has not come in a second is a peer without the shim, or unreachable).
 constexpr std::uint64_t kSrqPairingWaitNs = 1'000'000'000;
 // How long a switch's drain waits for the old path's receive queue to flush (drain_old_path).
-constexpr std::uint64_t kReceiveFlushWaitNs = 50'000'000;
+// A device that flushes ends the wait at once (microseconds on hardware, a few ms on rxe in the
+// emulated lab); the bound is for a device that never flushes, whose first switch pays it once.
+// It is generous because giving up early can lose a message, and the engine's thread may be
+// starved of the CPU: 50 ms ran out on a loaded 2-vCPU machine (the fake's late_recv_cqe, and
+// rxe once in the lab) although the flush was coming.
+constexpr std::uint64_t kReceiveFlushWaitNs = 1'000'000'000;
 constexpr std::uint8_t kStandbyRdAtomic = 16;
 
 const void* key_of(std::uint64_t value) { return reinterpret_cast<const void*>(value); }
@@ -1120,6 +1125,20 @@ void drain_old_path(Protection& p, int from) {
     if (seen) {
       device.marker_flush = Device::MarkerFlush::kYes;
       return;
+    }
+    if (round == 1) {
+      // rxe flushes a receive queue only when its responder runs in ERR, which the move to ERR
+      // schedules once: a marker posted after that run stays until the next. Moving the QP to
+      // ERR again (ERR -> ERR is a legal transition) schedules another. A device that has
+      // flushed by the first poll never gets here; on one that flushes by itself, later, the
+      // second move changes nothing.
+      ibv_qp_attr attr{};
+      attr.qp_state = IBV_QPS_ERR;
+      const int result = modify(v.path[from].qp, &attr, IBV_QP_STATE, from == kPrimary);
+      if (result != 0) {
+        VF_LOG_DEBUG("qp {}: moving the {} path to ERR again failed ({})", v.vqpn,
+                     path_name(from), strerror(result));
+      }
     }
     if (monotonic_ns() >= deadline) {
       if (device.marker_flush == Device::MarkerFlush::kUnknown) {

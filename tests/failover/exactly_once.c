@@ -55,8 +55,14 @@
    exactly that option: a standby left at the default (0x3), or a primary the shim reset and
    reconnected without setting it again (the fake forgets ECE at RESET), is a failure.
 
+   --rxe-flush: every fake device keeps a receive posted to a QP already in ERR until the QP is
+   moved to ERR again, as rxe does (fake_verbs_set_flush_on_modify_only). The shim's drain
+   marker is such a receive: the shim must move the old QP to ERR again to get it flushed, or
+   its drain waits 50 ms and logs that the device does not flush (run_exactly_once.sh fails a
+   run whose shim log says so).
+
    Usage: exactly_once SCENARIO [--wr-api] [--sig-all] [--split-cq] [--srq] [--cq-ex] [--rereg]
-                                [--resize-cq] [--ece] [--timeout-ms N]
+                                [--resize-cq] [--ece] [--rxe-flush] [--timeout-ms N]
           exactly_once selftest      (feeds duplicates/losses/reorders to the checker itself)
    Scenarios: see the table at the end of the file. Output: "PASS ..." and exit 0; "FAIL: ..."
    lines and exit 1; "SETUP: ..." and exit 3 when the cut point could not be established (then
@@ -122,6 +128,7 @@ static struct {
   int (*dev_stats)(int, struct fake_verbs_device_stats*);
   int (*list_qps)(int, uint32_t*, int);
   int (*set_recv_delay)(int, unsigned);
+  int (*set_flush_on_modify_only)(int, int);
   void (*reset)(void);
 } fv;
 
@@ -293,6 +300,7 @@ static int g_cq_ex = 0;    /* --cq-ex: CQs from ibv_create_cq_ex, polled with th
 static int g_rereg = 0;    /* --rereg: MRs moved to a second buffer (ibv_rereg_mr) before traffic */
 static int g_resize_cq = 0; /* --resize-cq: CQs created small, ibv_resize_cq'd before traffic */
 static int g_ece = 0;       /* --ece: every QP set to ECE_OPTIONS before RTR */
+static int g_rxe_flush = 0; /* --rxe-flush: every device flushes an ERR QP's new receives late */
 static long g_cq_ex_cycles = 0, g_cq_ex_left_early = 0; /* --cq-ex: reported at the end */
 
 static uint32_t bump(uint32_t* next, uint32_t len, uint32_t end, const char* what) {
@@ -1060,6 +1068,8 @@ static void check_poison(const struct side* s) {
 
 static void setup(int recvs_a, int recvs_b) {
   fv.reset();
+  for (int dev = 0; g_rxe_flush && dev < 4; ++dev)
+    if (fv.set_flush_on_modify_only(dev, 1) != 0) setup_fail("fake_verbs_set_flush_on_modify_only");
   open_side(&g_a);
   open_side(&g_b);
   g_a.peer = &g_b;
@@ -1863,7 +1873,7 @@ int main(int argc, char** argv) {
   if (argc < 2) {
     fprintf(stderr,
             "usage: %s SCENARIO|selftest [--wr-api] [--sig-all] [--split-cq] [--srq] [--cq-ex] "
-            "[--rereg] [--resize-cq] [--ece] [--timeout-ms N]\n",
+            "[--rereg] [--resize-cq] [--ece] [--rxe-flush] [--timeout-ms N]\n",
             argv[0]);
     return 2;
   }
@@ -1885,6 +1895,8 @@ int main(int argc, char** argv) {
       g_resize_cq = 1;
     else if (strcmp(argv[i], "--ece") == 0)
       g_ece = 1;
+    else if (strcmp(argv[i], "--rxe-flush") == 0)
+      g_rxe_flush = 1;
     else if (strcmp(argv[i], "--timeout-ms") == 0 && i + 1 < argc)
       g_timeout_ms = atoi(argv[++i]);
     else {
@@ -1924,6 +1936,7 @@ int main(int argc, char** argv) {
       (int (*)(int, struct fake_verbs_device_stats*))fake_sym("fake_verbs_query_device_stats");
   fv.list_qps = (int (*)(int, uint32_t*, int))fake_sym("fake_verbs_list_qps");
   fv.set_recv_delay = (int (*)(int, unsigned))fake_sym("fake_verbs_set_recv_completion_delay");
+  fv.set_flush_on_modify_only = (int (*)(int, int))fake_sym("fake_verbs_set_flush_on_modify_only");
   fv.reset = (void (*)(void))fake_sym("fake_verbs_reset");
 
   sc->run();

@@ -83,6 +83,14 @@ FAKE_EXPORT int fake_verbs_set_recv_completion_delay(int index, unsigned steps) 
   return 0;
 }
 
+FAKE_EXPORT int fake_verbs_set_flush_on_modify_only(int index, int enabled) {
+  auto lock = fabric_lock();
+  Device* dev = device_at(index);
+  if (dev == nullptr) return -1;
+  dev->flush_on_modify_only = enabled != 0;
+  return 0;
+}
+
 FAKE_EXPORT void fake_verbs_progress(void) {
   auto lock = fabric_lock();
   progress_step_locked();
@@ -139,6 +147,7 @@ FAKE_EXPORT void fake_verbs_reset(void) {
     dev->drop = false;
     dev->delay_steps = 0;
     dev->recv_cqe_delay_steps = 0;
+    dev->flush_on_modify_only = false;
     dev->stats = DeviceStats{};
   }
   for (Qp* qp : fabric().qps) qp->stats = QpStats{};

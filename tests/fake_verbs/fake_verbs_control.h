@@ -56,6 +56,12 @@ int fake_verbs_set_delay(int device_index, unsigned steps);
  * 0 = at once. Returns 0, or -1 for a bad index. */
 int fake_verbs_set_recv_completion_delay(int device_index, unsigned steps);
 
+/* Flush on modify only on/off: a receive posted to a QP of the device that is already in ERR is
+ * not flushed at once (IB C10-42) but waits in the receive queue until the QP is moved to ERR
+ * again (ERR -> ERR), which flushes it. Models rxe, whose responder flushes a receive queue only
+ * when it runs, and a move to ERR is what schedules it. Returns 0, or -1 for a bad index. */
+int fake_verbs_set_flush_on_modify_only(int device_index, int enabled);
+
 /* Runs one progress step (same as what every post/poll call does). */
 void fake_verbs_progress(void);
 

@@ -100,6 +100,9 @@ struct Device {
   // Receive completions of this device's QPs reach their CQ this many steps after the message
   // was placed and acknowledged (fake_verbs_set_recv_completion_delay).
   unsigned recv_cqe_delay_steps = 0;
+  // A receive posted to a QP already in ERR waits in the queue until the QP is moved to ERR
+  // again, like rxe (fake_verbs_set_flush_on_modify_only).
+  bool flush_on_modify_only = false;
   DeviceStats stats;
   std::vector<Context*> contexts;  // open contexts, to raise async events on
 };

@@ -319,7 +319,7 @@ int post_recv_op(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
     RecvWork rw;
     rw.wr_id = wr->wr_id;
     rw.sges.assign(wr->sg_list, wr->sg_list + wr->num_sge);
-    if (qp->attr.qp_state == IBV_QPS_ERR) {
+    if (qp->attr.qp_state == IBV_QPS_ERR && !qp->ctx->device->flush_on_modify_only) {
       ibv_wc wc{};
       wc.wr_id = rw.wr_id;
       wc.status = IBV_WC_WR_FLUSH_ERR;

@@ -31,6 +31,7 @@ struct Control {
   int (*query_device_stats)(int, fake_verbs_device_stats*);
   int (*list_qps)(int, uint32_t*, int);
   int (*set_recv_completion_delay)(int, unsigned);
+  int (*set_flush_on_modify_only)(int, int);
   void (*reset)();
 };
 
@@ -55,6 +56,7 @@ inline Control& ctl() {
     resolve(k.query_device_stats, "fake_verbs_query_device_stats");
     resolve(k.list_qps, "fake_verbs_list_qps");
     resolve(k.set_recv_completion_delay, "fake_verbs_set_recv_completion_delay");
+    resolve(k.set_flush_on_modify_only, "fake_verbs_set_flush_on_modify_only");
     resolve(k.reset, "fake_verbs_reset");
     return k;
   }();

@@ -226,6 +226,27 @@ TEST_CASE("which states accept posts") {
   CHECK(wc.status == IBV_WC_WR_FLUSH_ERR);
 }
 
+TEST_CASE("flush on modify only: a receive posted in ERR waits for the next move to ERR (rxe)") {
+  Clean clean;
+  REQUIRE(ctl().set_flush_on_modify_only(0, 1) == 0);
+  Lone l;
+  Region buf(l.e.pd, 64);
+  to_init(l.e.qp, kAccess);
+  ibv_qp_attr err{};
+  err.qp_state = IBV_QPS_ERR;
+  REQUIRE(ibv_modify_qp(l.e.qp, &err, IBV_QP_STATE) == 0);
+  CHECK(post_recv(l.e.qp, 5, {}) == 0);
+  CHECK(poll(l.e.recv_cq, 1).empty());  // not flushed, however often the CQ is polled
+  REQUIRE(ibv_modify_qp(l.e.qp, &err, IBV_QP_STATE) == 0);  // ERR -> ERR is legal
+  ibv_wc wc = poll_one(l.e.recv_cq);
+  CHECK(wc.wr_id == 5);
+  CHECK(wc.status == IBV_WC_WR_FLUSH_ERR);
+  // fake_verbs_reset turns it off again: the next receive flushes at once.
+  ctl().reset();
+  CHECK(post_recv(l.e.qp, 6, {}) == 0);
+  CHECK(poll_one(l.e.recv_cq).wr_id == 6);
+}
+
 TEST_CASE("SQD holds new sends until the QP is back in RTS") {
   Clean clean;
   Pair p;
