@@ -47,11 +47,17 @@ constexpr std::uint64_t kSweepTimeoutNs = 2'000'000'000;
 constexpr std::uint64_t kSrqPairingWaitNs = 1'000'000'000;
 // How long a switch's drain waits for the old path's receive queue to flush (drain_old_path).
 // A device that flushes ends the wait at once (microseconds on hardware, a few ms on rxe in the
-// emulated lab); the bound is for a device that never flushes, whose first switch pays it once.
-// It is generous because giving up early can lose a message, and the engine's thread may be
-// starved of the CPU: 50 ms ran out on a loaded 2-vCPU machine (the fake's late_recv_cqe, and
-// rxe once in the lab) although the flush was coming.
+// emulated lab). The bound is for a device that does not flush (or no longer does: a dead one);
+// it is paid once per device, which is then drained without a marker. It is generous because
+// giving up early can lose a message, and the engine's thread may be starved of the CPU: 50 ms
+// ran out on a loaded 2-vCPU machine (the fake's late_recv_cqe, and rxe once in the lab)
+// although the flush was coming.
 constexpr std::uint64_t kReceiveFlushWaitNs = 1'000'000'000;
+// How long the drain polls for the marker before it moves the QP to ERR a second time
+// (drain_old_path): long enough for hardware to have written the flush, so that it is spared
+// the extra command.
+constexpr std::uint64_t kDrainMarkerNudgeNs = 200'000;
+static_assert(kDrainMarkerNudgeNs < kReceiveFlushWaitNs);
 constexpr std::uint8_t kStandbyRdAtomic = 16;
 
 const void* key_of(std::uint64_t value) { return reinterpret_cast<const void*>(value); }
@@ -1110,10 +1116,14 @@ bool post_drain_marker(Protection& p, int path) {
 // poll would count one message fewer, and the peer would have nothing left to replay. So the
 // drain goes on until the marker's flush shows the receive queue has reported everything, at
 // most kReceiveFlushWaitNs (a device that does not flush a QP in ERR must not stall the switch).
-void drain_old_path(Protection& p, int from) {
+// A QP that could not be moved to ERR gets no marker: it would be an ordinary receive there, one
+// an arriving message could consume.
+void drain_old_path(Protection& p, int from, bool in_error) {
   VirtualQp& v = *p.qp;
-  const bool marked = post_drain_marker(p, from);
-  const std::uint64_t deadline = monotonic_ns() + kReceiveFlushWaitNs;
+  const bool marked = in_error && post_drain_marker(p, from);
+  const std::uint64_t start = monotonic_ns();
+  const std::uint64_t deadline = start + kReceiveFlushWaitNs;
+  bool nudged = false;
   for (unsigned round = 1;; ++round) {
     v.send_cq->drain_into_stash(from);
     if (v.recv_cq != v.send_cq) v.recv_cq->drain_into_stash(from);
@@ -1126,12 +1136,13 @@ void drain_old_path(Protection& p, int from) {
       device.marker_flush = Device::MarkerFlush::kYes;
       return;
     }
-    if (round == 1) {
+    const std::uint64_t now = monotonic_ns();
+    if (!nudged && now - start >= kDrainMarkerNudgeNs) {
       // rxe flushes a receive queue only when its responder runs in ERR, which the move to ERR
       // schedules once: a marker posted after that run stays until the next. Moving the QP to
-      // ERR again (ERR -> ERR is a legal transition) schedules another. A device that has
-      // flushed by the first poll never gets here; on one that flushes by itself, later, the
-      // second move changes nothing.
+      // ERR again (ERR -> ERR is a legal transition) schedules another; on a device that
+      // flushes by itself it only costs the call.
+      nudged = true;
       ibv_qp_attr attr{};
       attr.qp_state = IBV_QPS_ERR;
       const int result = modify(v.path[from].qp, &attr, IBV_QP_STATE, from == kPrimary);
@@ -1140,17 +1151,22 @@ void drain_old_path(Protection& p, int from) {
                      path_name(from), strerror(result));
       }
     }
-    if (monotonic_ns() >= deadline) {
-      if (device.marker_flush == Device::MarkerFlush::kUnknown) {
-        device.marker_flush = Device::MarkerFlush::kNo;
+    if (now >= deadline) {
+      // Remembered whatever the device did before: a device that stopped flushing (one that
+      // died) must not charge the full wait to each of its QPs in turn, with the engine's
+      // lock held.
+      const Device::MarkerFlush before = device.marker_flush;
+      device.marker_flush = Device::MarkerFlush::kNo;
+      if (before == Device::MarkerFlush::kUnknown) {
         VF_LOG_WARN("failover: {} does not flush a receive posted to a QP in ERR (waited {} ms, "
                     "qp {}); its switches drain what its CQ holds, and a receive completion it "
                     "writes after its ACK would not be counted",
                     device.name, kReceiveFlushWaitNs / 1'000'000, v.vqpn);
       } else {
         VF_LOG_WARN("qp {}: the {} path's receive queue did not flush within {} ms of ERR; a "
-                    "receive completion its device writes later is not counted",
-                    v.vqpn, path_name(from), kReceiveFlushWaitNs / 1'000'000);
+                    "receive completion its device writes later is not counted, and {}'s "
+                    "switches drain without a marker from now on",
+                    v.vqpn, path_name(from), kReceiveFlushWaitNs / 1'000'000, device.name);
       }
       return;
     }
@@ -1183,9 +1199,16 @@ void begin_switch(Protection& p, int target, FailoverReason reason, std::uint32_
   // After this the old path's responder drops whatever still arrives: nothing the peer sends
   // on it can be delivered behind our count.
   const std::uint64_t stop_start = monotonic_ns();
-  to_error(v.path[from].qp, from == kPrimary);
+  ibv_qp_attr stop{};
+  stop.qp_state = IBV_QPS_ERR;
+  const int stop_result = modify(v.path[from].qp, &stop, IBV_QP_STATE, from == kPrimary);
+  const bool in_error = stop_result == 0;
+  if (!in_error) {
+    VF_LOG_WARN("qp {}: the {} path could not be moved to ERR ({}); its drain takes what its CQ "
+                "holds", v.vqpn, path_name(from), strerror(stop_result));
+  }
   const std::uint64_t drain_start = monotonic_ns();
-  drain_old_path(p, from);
+  drain_old_path(p, from, in_error);
   VF_LOG_DEBUG("qp {}: the {} path stopped (ERR {:.3f} ms, drained {:.3f} ms)", v.vqpn,
                path_name(from), static_cast<double>(drain_start - stop_start) / 1e6,
                static_cast<double>(monotonic_ns() - drain_start) / 1e6);

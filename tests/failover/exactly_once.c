@@ -58,8 +58,8 @@
    --rxe-flush: every fake device keeps a receive posted to a QP already in ERR until the QP is
    moved to ERR again, as rxe does (fake_verbs_set_flush_on_modify_only). The shim's drain
    marker is such a receive: the shim must move the old QP to ERR again to get it flushed, or
-   its drain waits 50 ms and logs that the device does not flush (run_exactly_once.sh fails a
-   run whose shim log says so).
+   its drain waits up to 1 s and logs that the device does not flush (run_exactly_once.sh fails
+   a run whose shim log says so).
 
    Usage: exactly_once SCENARIO [--wr-api] [--sig-all] [--split-cq] [--srq] [--cq-ex] [--rereg]
                                 [--resize-cq] [--ece] [--rxe-flush] [--timeout-ms N]
@@ -129,6 +129,7 @@ static struct {
   int (*list_qps)(int, uint32_t*, int);
   int (*set_recv_delay)(int, unsigned);
   int (*set_flush_on_modify_only)(int, int);
+  int (*device_count)(void);
   void (*reset)(void);
 } fv;
 
@@ -1068,7 +1069,7 @@ static void check_poison(const struct side* s) {
 
 static void setup(int recvs_a, int recvs_b) {
   fv.reset();
-  for (int dev = 0; g_rxe_flush && dev < 4; ++dev)
+  for (int dev = 0; g_rxe_flush && dev < fv.device_count(); ++dev)
     if (fv.set_flush_on_modify_only(dev, 1) != 0) setup_fail("fake_verbs_set_flush_on_modify_only");
   open_side(&g_a);
   open_side(&g_b);
@@ -1937,6 +1938,7 @@ int main(int argc, char** argv) {
   fv.list_qps = (int (*)(int, uint32_t*, int))fake_sym("fake_verbs_list_qps");
   fv.set_recv_delay = (int (*)(int, unsigned))fake_sym("fake_verbs_set_recv_completion_delay");
   fv.set_flush_on_modify_only = (int (*)(int, int))fake_sym("fake_verbs_set_flush_on_modify_only");
+  fv.device_count = (int (*)(void))fake_sym("fake_verbs_device_count");
   fv.reset = (void (*)(void))fake_sym("fake_verbs_reset");
 
   sc->run();
