@@ -3,7 +3,9 @@
 # 0 on rxe0 with rxe1 as backup, process 1 on rxe1 with rxe0 as backup (two 2-rank rings, A+B each).
 # Rail 0's port goes down on A mid-run. Process 0 (A and B) must move to rail 1; process 1, whose
 # standby was on rail 0, keeps running unprotected but unharmed, and its shim must say so in its
-# stats: no failover, its QPs' backup is rxe0/1, and (on A) device rxe0 is reported DOWN.
+# stats: no failover, its QPs' backup is rxe0/1, and on A device rxe0 is reported DOWN and every
+# QP unprotected, with the reason (B's shim, whose ports are all up, still counts its p1 QPs as
+# protected: it learns of the peer's lost standby only when it tries to use it).
 # All four processes must exit 0 with PASS. crossed_rails@noshim: without the shim ring 0 breaks.
 SCENARIO_DESC="port_down A rail0 mid both nccl_pattern rings, shim: p0 fails over, p1 unprotected but unharmed"
 SCENARIO_KIND=failover
@@ -24,6 +26,8 @@ scenario_run() {
       'totals(s)["failovers"] == 0' \
       'len(qps(s)) > 0 and all(q["backup"] == "rxe0/1" for q in qps(s))' || rc=1
   done
-  assert_stats A p1 'dev(s, "rxe0").get("state") == "DOWN"' || rc=1
+  # On A, whose rail 0 went down, process 1 must say its QPs are no longer protected, and why.
+  assert_stats A p1 'dev(s, "rxe0").get("state") == "DOWN"' \
+    'all(not q["protected"] and "standby path" in (q.get("unprotected_reason") or "") for q in qps(s))' || rc=1
   return "$rc"
 }
