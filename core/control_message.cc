@@ -18,6 +18,7 @@ enum class MessageType : std::uint16_t {
   kPairRefused = 7,
   kRearm = 8,
   kMrQuery = 9,
+  kPathStatus = 10,
 };
 
 constexpr std::size_t kRegistrationSize = 8 + 8 + 4 + 4;
@@ -33,6 +34,12 @@ class Writer {
   void key(const QpKey& value) {
     u32(value.qpn);
     gid(value.gid);
+  }
+  // The pair a message is about: the sender's application QP, then the receiver's.
+  template <typename Message>
+  void pair_keys(const Message& value) {
+    key(value.local);
+    key(value.remote);
   }
   void registrations(const std::vector<MrTranslation>& list) {
     u32(static_cast<std::uint32_t>(list.size()));
@@ -100,6 +107,11 @@ class Reader {
     value.gid = gid(field);
     if (ok() && value.qpn > 0xFFFFFF) fail(fmt::format("{}: QP number {:#x} exceeds 24 bits", field, value.qpn));
     return value;
+  }
+  template <typename Message>
+  void pair_keys(Message& value) {
+    value.local = key("local QP");
+    value.remote = key("remote QP");
   }
   // A PathId byte: 0 (primary) or 1 (standby), nothing else.
   std::uint8_t path(const char* field) {
@@ -220,6 +232,7 @@ MessageType type_of(const ControlMessage& message) {
         if constexpr (std::is_same_v<T, PairRefused>) return MessageType::kPairRefused;
         if constexpr (std::is_same_v<T, Rearm>) return MessageType::kRearm;
         if constexpr (std::is_same_v<T, MrQuery>) return MessageType::kMrQuery;
+        if constexpr (std::is_same_v<T, PathStatus>) return MessageType::kPathStatus;
       },
       message);
 }
@@ -239,8 +252,7 @@ std::optional<ControlMessage> read_payload(MessageType type, Reader& reader) {
     }
     case MessageType::kFailoverRequest: {
       FailoverRequest value;
-      value.local = reader.key("local QP");
-      value.remote = reader.key("remote QP");
+      reader.pair_keys(value);
       value.delivered_messages = reader.u64("delivered count");
       value.reason = reader.u32("reason");
       if (reader.ok() && (value.reason < static_cast<std::uint32_t>(FailoverReason::kPortDown) ||
@@ -253,8 +265,7 @@ std::optional<ControlMessage> read_payload(MessageType type, Reader& reader) {
     }
     case MessageType::kFailoverReply: {
       FailoverReply value;
-      value.local = reader.key("local QP");
-      value.remote = reader.key("remote QP");
+      reader.pair_keys(value);
       value.delivered_messages = reader.u64("delivered count");
       value.epoch = reader.u32("epoch");
       value.target_path = reader.path("target path");
@@ -264,8 +275,7 @@ std::optional<ControlMessage> read_payload(MessageType type, Reader& reader) {
       return ControlMessage{reader.hello()};
     case MessageType::kPairRefused: {
       PairRefused value;
-      value.local = reader.key("local QP");
-      value.remote = reader.key("remote QP");
+      reader.pair_keys(value);
       value.reason = reader.u32("refusal reason");
       if (reader.ok() && (value.reason < static_cast<std::uint32_t>(PairRefusal::kUnknownQp) ||
                           value.reason > static_cast<std::uint32_t>(PairRefusal::kUnprotected))) {
@@ -275,8 +285,7 @@ std::optional<ControlMessage> read_payload(MessageType type, Reader& reader) {
     }
     case MessageType::kRearm: {
       Rearm value;
-      value.local = reader.key("local QP");
-      value.remote = reader.key("remote QP");
+      reader.pair_keys(value);
       value.path = reader.path("path");
       value.qpn = reader.qpn("rearm QP number");
       value.gid = reader.gid("rearm GID");
@@ -290,6 +299,14 @@ std::optional<ControlMessage> read_payload(MessageType type, Reader& reader) {
       MrQuery value;
       value.primary_rkey = reader.u32("queried rkey");
       value.device_gid = reader.gid("device GID");
+      return ControlMessage{value};
+    }
+    case MessageType::kPathStatus: {
+      PathStatus value;
+      reader.pair_keys(value);
+      value.path = reader.path("path");
+      value.up = reader.flag("up flag");
+      value.rearm_nonce = reader.u32("rearm nonce");
       return ControlMessage{value};
     }
   }
@@ -316,37 +333,38 @@ void encode_control_message(const ControlMessage& message, std::vector<std::uint
           writer.registrations(value.registrations);
           writer.gid(value.device_gid);
         } else if constexpr (std::is_same_v<T, FailoverRequest>) {
-          writer.key(value.local);
-          writer.key(value.remote);
+          writer.pair_keys(value);
           writer.u64(value.delivered_messages);
           writer.u32(value.reason);
           writer.u32(value.epoch);
           writer.u8(value.target_path);
         } else if constexpr (std::is_same_v<T, FailoverReply>) {
-          writer.key(value.local);
-          writer.key(value.remote);
+          writer.pair_keys(value);
           writer.u64(value.delivered_messages);
           writer.u32(value.epoch);
           writer.u8(value.target_path);
         } else if constexpr (std::is_same_v<T, Hello>) {
           writer.hello(value);
         } else if constexpr (std::is_same_v<T, PairRefused>) {
-          writer.key(value.local);
-          writer.key(value.remote);
+          writer.pair_keys(value);
           writer.u32(value.reason);
         } else if constexpr (std::is_same_v<T, Rearm>) {
-          writer.key(value.local);
-          writer.key(value.remote);
+          writer.pair_keys(value);
           writer.u8(value.path);
           writer.u32(value.qpn);
           writer.gid(value.gid);
           writer.u32(value.psn);
           writer.u8(value.is_reply ? 1 : 0);
           writer.u32(value.nonce);
-        } else {
-          static_assert(std::is_same_v<T, MrQuery>);
+        } else if constexpr (std::is_same_v<T, MrQuery>) {
           writer.u32(value.primary_rkey);
           writer.gid(value.device_gid);
+        } else {
+          static_assert(std::is_same_v<T, PathStatus>);
+          writer.pair_keys(value);
+          writer.u8(value.path);
+          writer.u8(value.up ? 1 : 0);
+          writer.u32(value.rearm_nonce);
         }
       },
       message);

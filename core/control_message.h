@@ -136,6 +136,21 @@ struct Rearm {
   bool operator==(const Rearm&) const = default;
 };
 
+// "My end of this pair's idle path lost its port" (up = false) or "has it again" (up = true).
+// The failover handshake covers a path that carries traffic; this covers the one that waits: a
+// side whose own ports are all up learns that its standby cannot be used (and says it is
+// unprotected), and, when the port is back, re-arms the path at once instead of at its next retry.
+// rearm_nonce is the sender's latest re-arm request number for that path (Rearm::nonce): a
+// notice sent before a re-arm the receiver has since answered is stale and ignored.
+struct PathStatus {
+  QpKey local;
+  QpKey remote;
+  std::uint8_t path = 0;  // PathId
+  bool up = false;
+  std::uint32_t rearm_nonce = 0;
+  bool operator==(const PathStatus&) const = default;
+};
+
 // "Send me the translation of this rkey of yours" — a registration the application used on the
 // standby path before the peer's MrUpdate arrived. Answered with an MrUpdate.
 struct MrQuery {
@@ -145,10 +160,10 @@ struct MrQuery {
 };
 
 using ControlMessage = std::variant<PairRequest, PairReply, MrUpdate, FailoverRequest, FailoverReply,
-                                    Hello, PairRefused, Rearm, MrQuery>;
+                                    Hello, PairRefused, Rearm, MrQuery, PathStatus>;
 
 inline constexpr std::uint32_t kControlMagic = 0x4D434656;  // "VFCM" little-endian
-inline constexpr std::uint16_t kControlVersion = 5;
+inline constexpr std::uint16_t kControlVersion = 6;
 inline constexpr std::size_t kControlHeaderSize = 12;       // magic, version, type, length
 inline constexpr std::size_t kMaxControlPayload = 64 * 1024;
 inline constexpr std::size_t kMaxRegistrationsPerMessage = 2048;

@@ -37,7 +37,7 @@ constexpr int kConnectTimeoutMs = 300;
 constexpr std::uint64_t kPairingAnswerTimeoutNs = 2'000'000'000;
 // A re-arm request unanswered for this long is sent again (with a fresh PSN). Long enough that a
 // late reply to the previous one is not mistaken for the answer to the new one.
-constexpr std::uint64_t kRearmRetryNs = 5'000'000'000;
+constexpr std::uint64_t kRearmRetryNs = 5'000'000'000;  // standby_blink (tests/failover) waits 4 s
 constexpr int kMaxGidScan = 16;
 constexpr int kPairingRounds = 6;
 constexpr std::uint64_t kSwitchAnswerTimeoutNs = 10'000'000'000;
@@ -179,6 +179,8 @@ struct Protection {
   std::string unprotected_reason;
   bool warned_unprotected = false;
   PeerRef peer;
+  // Paired with itself (NCCL's flush QP): kept apart from the keys, which destroy clears.
+  bool self_connected = false;
   // pairing
   bool pairing = false;
   std::vector<std::pair<std::uint32_t, std::uint16_t>> candidates;
@@ -890,6 +892,7 @@ bool pair_locally(Protection& p) {
   self.local = true;
   p.peer = self;
   other->peer = self;
+  p.self_connected = other == &p;
   p.qp->peer = local_peer_index(other->qp->path[kPrimary].device_index);
   other->qp->peer = local_peer_index(p.qp->path[kPrimary].device_index);
   if (other->qp->path[kStandby].qp == nullptr || other->qp->mode() == PostMode::kBypass) {
@@ -1728,6 +1731,46 @@ void maybe_rearm(Protection& p, int path) {
   send_rearm(p, path, false, ++rearm.nonce);
 }
 
+void send_path_status(Protection& p, int path, bool up) {
+  if (p.local == p.remote) return;  // a QP connected to itself: this side is the peer
+  PathStatus status;
+  status.local = p.local;
+  status.remote = p.remote;
+  status.path = static_cast<std::uint8_t>(path);
+  status.up = up;
+  status.rearm_nonce = p.rearm[path].nonce;
+  send_to_peer(p, status);
+}
+
+// The peer's end of one of our idle paths lost its port, or has it again (PathStatus).
+void handle_path_status(const PathStatus& message) {
+  Protection* p = protection_by_key(message.remote);
+  if (p == nullptr || message.path > 1 || !p->paired || p->destroyed) return;
+  VirtualQp& v = *p->qp;
+  const int path = message.path;
+  // A path that carries traffic (or is being switched to or from) is the handshake's business.
+  if (v.active_path() == path || p->sw.in_progress || v.application_failed.load()) return;
+  Rearm& rearm = p->rearm[path];
+  const bool we_ask = p->local == p->remote || !answers_rearm(*p);
+  if (!message.up) {
+    // Sent before a re-arm the peer asked for and we answered since: the path is fine.
+    if (!we_ask && message.rearm_nonce < rearm.answered_nonce) {
+      VF_LOG_DEBUG("qp {}: stale notice of the peer's {} path ignored", v.vqpn, path_name(path));
+      return;
+    }
+    v.path[path].failed = true;
+    rearm.needed = true;
+    set_unprotected(*p, fmt::format("the peer's end of its {} path lost its port; running on "
+                                    "the {} path alone",
+                                    path_name(path), path_name(v.active_path())));
+    return;
+  }
+  if (!we_ask) return;  // the peer asks itself
+  rearm.needed = true;
+  rearm.awaiting = false;  // ask now: a request sent while the peer's port was down went unanswered
+  maybe_rearm(*p, path);
+}
+
 // ------------------------------------------------------------------ events
 
 void on_port_change(int device, std::uint8_t port, ibv_port_state state) {
@@ -1755,6 +1798,8 @@ void on_port_change(int device, std::uint8_t port, ibv_port_state state) {
     VirtualQp& v = *p.qp;
     for (int path = 0; path < kPathCount; ++path) {
       if (v.path[path].device_index != device || v.path[path].port != port) continue;
+      // An idle path: the failover handshake will not tell the peer about it, this side must.
+      const bool idle = v.active_path() != path && !p.sw.in_progress;
       if (down) {
         if (v.active_path() == path && !p.sw.in_progress) {
           start_switch(p, other_path(path), FailoverReason::kPortDown);
@@ -1766,12 +1811,16 @@ void on_port_change(int device, std::uint8_t port, ibv_port_state state) {
                                          path_name(path), e.devices[device].name, port,
                                          path_name(v.active_path())));
         }
+        if (p.paired && idle) send_path_status(p, path, false);
       } else if (p.paired && v.active_path() != path) {
         if (!p.rearm[path].needed && v.path[path].connected) {
           // The port blinked while the path idled: its QP may be in error; re-arm it anyway.
           p.rearm[path].needed = true;
         }
         maybe_rearm(p, path);
+        // The peer asks for the re-arm when it is the asker: it must hear that it can, now, not
+        // at its next retry (kRearmRetryNs) or, if it never learnt of the loss, never.
+        if (idle && answers_rearm(p)) send_path_status(p, path, true);
       }
     }
   }
@@ -1845,6 +1894,7 @@ void process_message(const PeerRef& from, std::uint64_t session, ControlMessage&
                            FailoverReason::kPeerRequest);
   }
   if (auto* m = std::get_if<vf::Rearm>(&message)) return handle_rearm(*m);
+  if (auto* m = std::get_if<PathStatus>(&message)) return handle_path_status(*m);
 }
 
 // Connections opened to a peer's first-contact address (a rail) are doubled by one to the first
@@ -2885,6 +2935,9 @@ void FailoverEngine::write_stats(const char* reason) {
                                  v.path[kPrimary].port);
       stats.backup = fmt::format("{}/{}", e.devices[v.path[kStandby].device_index].name,
                                  v.path[kStandby].port);
+      if (p.paired) {
+        stats.peer = p.self_connected ? "self" : p.peer.local ? "this_process" : "other_process";
+      }
       stats.is_protected = p.paired && p.unprotected_reason.empty();
       stats.path = p.sw.in_progress ? "switching" : path_name(v.active_path());
       stats.state = !p.paired                      ? (p.pairing ? "pairing" : "unpaired")
@@ -2919,6 +2972,22 @@ void FailoverEngine::write_stats(const char* reason) {
   if (!write_file_atomically(e.config.stats_file, render_stats_json(snapshot), error)) {
     VF_LOG_WARN("stats: {}", error);
   }
+}
+
+int FailoverEngine::protection_of(std::uint32_t qpn, std::string& reason) {
+  Engine& e = engine();
+  std::lock_guard lock(e.mutex);
+  for (auto& [key, p] : e.protections) {
+    if (p.destroyed || p.qp->vqpn != qpn) continue;
+    reason = !p.paired ? "not paired" : p.unprotected_reason;
+    return p.paired && p.unprotected_reason.empty() ? 1 : 0;
+  }
+  for (const auto& [unprotected_qpn, why] : e.unprotected) {
+    if (unprotected_qpn != qpn) continue;
+    reason = why;
+    return 0;
+  }
+  return -1;
 }
 
 void FailoverEngine::lock_for_fork() { engine().mutex.lock(); }

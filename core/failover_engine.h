@@ -70,6 +70,9 @@ class FailoverEngine {
   void on_req_notify(ibv_cq* cq, int solicited_only);
 
   void write_stats(const char* reason);
+  // What the stats file would say of the QP whose application QPN is qpn: 1 protected, 0 not
+  // (reason says why), -1 the engine does not know it. For tests (verbs_failover_debug_*).
+  int protection_of(std::uint32_t qpn, std::string& reason);
   // fork(): the child has no engine thread and must not use the parent's objects.
   void forget_after_fork();
   void lock_for_fork();

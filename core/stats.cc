@@ -74,11 +74,12 @@ std::string render_device(const DeviceStats& device) {
 
 std::string render_qp(const QpStats& qp) {
   std::string out = fmt::format(
-      "{{\"qpn\": {}, \"device\": {}, \"backup\": {}, \"protected\": {}, \"path\": {}, "
+      "{{\"qpn\": {}, \"device\": {}, \"backup\": {}, \"peer\": {}, \"protected\": {}, "
+      "\"path\": {}, "
       "\"state\": {}, \"unprotected_reason\": {}, \"failovers\": {}, \"failbacks\": {}, "
       "\"replayed_wrs\": {}, \"hidden_error_completions\": {}, \"hidden_async_events\": {}, "
       "\"synthesized_completions\": {},\n     \"events\": [",
-      qp.qpn, json_quote(qp.device), optional_string(qp.backup),
+      qp.qpn, json_quote(qp.device), optional_string(qp.backup), optional_string(qp.peer),
       qp.is_protected ? "true" : "false", json_quote(qp.path), json_quote(qp.state),
       json_quote(qp.unprotected_reason), qp.failovers, qp.failbacks, qp.replayed_wrs,
       qp.hidden_error_completions, qp.hidden_async_events, qp.synthesized_completions);

@@ -26,6 +26,9 @@ struct QpStats {
   std::uint32_t qpn = 0;
   std::string device;                 // "rxe0/1": device/port of the primary path
   std::optional<std::string> backup;  // "rxe1/1"; nullopt renders null
+  // Whom the pair's other end belongs to: "self" (a QP connected to itself, NCCL's flush QP),
+  // "this_process" (another QP of this process), "other_process"; nullopt (null) until paired.
+  std::optional<std::string> peer;
   bool is_protected = false;          // rendered as "protected"
   std::string path;                   // "primary" | "standby"
   std::string state;                  // pairing, unpaired, primary, switching, standby, unprotected

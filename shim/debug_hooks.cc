@@ -1,4 +1,10 @@
 // Entry points for tests and bug reports, exported under the VERBS_FAILOVER_PRIVATE node.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "core/failover_engine.h"
 #include "shim/export.h"
 #include "shim/port_monitor.h"
 
@@ -18,4 +24,19 @@ VF_EXPORT long verbs_failover_debug_port_changes(const char* device, int port) {
     if (status.device == device && status.port == port) return static_cast<long>(status.changes);
   }
   return -1;
+}
+
+// Whether the shim protects the application QP qpn: 1 yes, 0 no (its reason copied, cut to
+// reason_size - 1 bytes and terminated, into reason when given), -1 it does not know that QP.
+// Lets tests wait for what the stats file would say without a stats interval.
+VF_EXPORT int verbs_failover_debug_qp_protected(std::uint32_t qpn, char* reason,
+                                                std::size_t reason_size) {
+  std::string why;
+  const int state = vf::FailoverEngine::instance().protection_of(qpn, why);
+  if (reason != nullptr && reason_size > 0) {
+    const std::size_t length = std::min(why.size(), reason_size - 1);
+    std::memcpy(reason, why.data(), length);
+    reason[length] = '\0';
+  }
+  return state;
 }

@@ -114,6 +114,7 @@
 #define SRQ_MAX_WR 256  /* --srq: outstanding receives per SRQ (the scenarios keep < 64) */
 #define STREAM_WARMUP 2 /* --srq: second-pair messages each way in warmup() */
 #define BIG_DELAY 1000000u /* progress steps: "held on the wire until the port dies" */
+#define REARM_BEFORE_RETRY_MS 4000 /* standby_blink: under the shim's 5 s re-arm retry */
 #define MARKER 0x5a
 #define CLOBBER 0xee
 
@@ -1465,6 +1466,104 @@ static void scenario_failback_in_flight(void) {
   }
 }
 
+/* ------------------------------------------------------------------ standby_blink */
+
+/* The shim's view of a QP (verbs_failover_debug_qp_protected): 1 protected, 0 not, -1 unknown.
+   NULL without the shim (the noshim twin): the blinks are then not observed, only survived. */
+typedef int (*qp_protected_fn)(uint32_t qpn, char* reason, size_t reason_size);
+static qp_protected_fn g_qp_protected;
+
+struct protection_want {
+  struct side* side;
+  int state;          /* 1 protected, 0 not */
+  const char* reason; /* with state 0: a part of the reason it must give */
+};
+
+static int protection_holds(const struct protection_want* w, char* reason, size_t size) {
+  reason[0] = '\0';
+  const int state = g_qp_protected(w->side->qp->qp_num, reason, size);
+  return state == w->state && (w->state != 0 || strstr(reason, w->reason) != NULL);
+}
+
+/* Polls (progress steps) until the shim says of every listed QP what is wanted, for at most
+   bound_ms. */
+static int wait_protection(const struct protection_want* want, int n, int bound_ms,
+                           const char* what) {
+  if (g_qp_protected == NULL) return 0;
+  const long long deadline = now_ms() + bound_ms;
+  char reason[256];
+  for (;;) {
+    int held = 0;
+    if (poll_side(&g_a) + poll_side(&g_b) == 0) sched_yield();
+    for (int i = 0; i < n; ++i) held += protection_holds(&want[i], reason, sizeof reason);
+    if (held == n) {
+      printf("shim: %s\n", what);
+      return 0;
+    }
+    if (now_ms() > deadline) break;
+  }
+  for (int i = 0; i < n; ++i) {
+    if (protection_holds(&want[i], reason, sizeof reason)) continue;
+    const int state = g_qp_protected(want[i].side->qp->qp_num, reason, sizeof reason);
+    fail("timeout (%d ms) waiting until %s: the shim says QP %s is %s (%s); wanted %s %s",
+         bound_ms, what, want[i].side->name,
+         state == 1 ? "protected" : state == 0 ? "unprotected" : "unknown to it", reason,
+         want[i].state ? "protected" : "unprotected, for a reason naming",
+         want[i].state ? "" : want[i].reason);
+  }
+  return -1;
+}
+
+/* The standby's port goes down and comes back while the primary carries the traffic, on each
+   side in turn (fake1 holds A's standby, fake3 B's). While it is down both shims must report
+   both QPs unprotected: the side whose own ports are all up learns it from its peer (PathStatus);
+   without that it would count on a standby that cannot carry anything. Once it is up both QPs
+   must be protected again: the path is re-armed whichever of the two ends asks for re-arming (the
+   two blinks give each role to the side whose port blinked once). Traffic runs, and is checked,
+   all along. Then fake0 dies: the failover must go over the re-armed standby. */
+static void scenario_standby_blink(void) {
+  g_qp_protected = (qp_protected_fn)dlsym(RTLD_DEFAULT, "verbs_failover_debug_qp_protected");
+  if (g_qp_protected == NULL) printf("no shim: the standby blinks are not observed\n");
+  setup(48, 48);
+  warmup();
+  const struct protection_want all_protected[2] = {{&g_a, 1, NULL}, {&g_b, 1, NULL}};
+  if (wait_protection(all_protected, 2, g_timeout_ms, "A and B are protected") != 0) return;
+  static const struct {
+    int device;
+    struct side* owner;
+    const char* own_reason;
+  } kBlinks[2] = {{1, &g_a, "standby path's port fake1/1 is down"},
+                  {3, &g_b, "standby path's port fake3/1 is down"}};
+  for (int i = 0; i < 2; ++i) {
+    const int device = kBlinks[i].device;
+    struct side* owner = kBlinks[i].owner;
+    printf("blink: fake%d (%s's standby) port down\n", device, owner->name);
+    if (fv.port_down(device) != 0) setup_fail("fake_verbs_port_down(%d)", device);
+    const struct protection_want lost[2] = {
+        {owner, 0, kBlinks[i].own_reason},
+        {owner->peer, 0, "the peer's end of its standby path lost its port"}};
+    if (wait_protection(lost, 2, g_timeout_ms, "both QPs say their standby is lost") != 0) return;
+    post_op(&g_a, IBV_WR_RDMA_WRITE, 700, 0, 0);
+    post_op(&g_a, IBV_WR_RDMA_WRITE_WITH_IMM, 120, SIG, 0x5b01u + (unsigned)i);
+    stream(1);
+    post_op(&g_b, IBV_WR_SEND, 60, SIG, 0);
+    if (wait_for(all_done, POLL_BOTH, "traffic on the primary while a standby port is down") != 0)
+      return;
+    printf("blink: fake%d port up\n", device);
+    if (fv.port_up(device) != 0) setup_fail("fake_verbs_port_up(%d)", device);
+    /* Not a speed check: the side that asks for the re-arm asked while the port was down, got no
+       answer, and would ask again only after the shim's retry interval (5 s); the notice that
+       the port is back must make it ask at once. A bound below the interval tells them apart. */
+    if (wait_protection(all_protected, 2, REARM_BEFORE_RETRY_MS, "A and B are protected again") != 0)
+      return;
+  }
+  do_cut();
+  post_op(&g_a, IBV_WR_RDMA_WRITE, 900, 0, 0);
+  post_op(&g_a, IBV_WR_RDMA_WRITE_WITH_IMM, 200, SIG, 0x5bf0);
+  post_op(&g_b, IBV_WR_SEND_WITH_IMM, 150, SIG, 0x5bf1);
+  wait_for(all_done, POLL_BOTH, "the traffic posted after the cut");
+}
+
 /* No cut at all: a sanity run of the traffic (and, with --srq, of the SRQ stream) and of the
    checker on the fake, without the shim (run_exactly_once.sh plain: must PASS). */
 static void scenario_no_cut(void) {
@@ -1866,6 +1965,7 @@ static const struct scenario kScenarios[] = {
     {"full_sq", scenario_full_sq},
     {"full_sq_after_switch", scenario_full_sq_after_switch},
     {"failback_in_flight", scenario_failback_in_flight},
+    {"standby_blink", scenario_standby_blink},
     {"no_cut", scenario_no_cut},
 };
 

@@ -78,6 +78,10 @@ for side in sides:
           f"failovers={qp['failovers']} replayed_wrs={qp['replayed_wrs']} "
           f"synthesized={qp['synthesized_completions']} "
           f"hidden_errors={qp['hidden_error_completions']}")
+    # Both ends of every pair are QPs of this one process (A's peer is B, never A itself).
+    if qp.get("peer") != "this_process":
+        print(f"stats: QP {side} has peer {qp.get('peer')!r}, not 'this_process'")
+        ok = False
     if qp["failovers"] < 1:
         why = qp.get("unprotected_reason") or ""
         print(f"stats: QP {side} has no failover" + (f" (unprotected: {why})" if why else ""))

@@ -53,6 +53,16 @@ vf::Rearm sample_rearm() {
   return rearm;
 }
 
+vf::PathStatus sample_path_status() {
+  vf::PathStatus status;
+  status.local = {0x11, gid_of(1)};
+  status.remote = {0x22, gid_of(2)};
+  status.path = static_cast<std::uint8_t>(vf::PathId::kStandby);
+  status.up = false;
+  status.rearm_nonce = 0x01020304;
+  return status;
+}
+
 vf::FailoverRequest sample_failover_request() {
   return vf::FailoverRequest{{0x11, gid_of(1)}, {0x22, gid_of(2)}, 12345678901ull,
                              static_cast<std::uint32_t>(vf::FailoverReason::kFailback), 7,
@@ -91,6 +101,8 @@ TEST_CASE("every message type survives encode and decode unchanged") {
       sample_rearm(),
       vf::Rearm{{1, {}}, {2, {}}, 1, 0xFFFFFF, gid_of(9), 0, false},
       vf::MrQuery{0xDEADBEEF, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}},
+      sample_path_status(),
+      vf::PathStatus{{1, {}}, {2, {}}, 0, true, 0xFFFFFFFFu},
   };
   for (const auto& message : messages) {
     const auto bytes = encode(message);
@@ -130,13 +142,13 @@ TEST_CASE("malformed messages are rejected with a precise reason") {
   }
   SECTION("future protocol version") {
     auto bytes = good;
-    bytes[4] = 6;
-    CHECK(decode(bytes).error == "protocol version 6 is not supported (this shim speaks 5)");
+    bytes[4] = 7;
+    CHECK(decode(bytes).error == "protocol version 7 is not supported (this shim speaks 6)");
   }
   SECTION("the previous protocol version") {
     auto bytes = good;
-    bytes[4] = 4;
-    CHECK(decode(bytes).error == "protocol version 4 is not supported (this shim speaks 5)");
+    bytes[4] = 5;
+    CHECK(decode(bytes).error == "protocol version 5 is not supported (this shim speaks 6)");
   }
   SECTION("unknown type") {
     auto bytes = good;
@@ -323,10 +335,36 @@ TEST_CASE("malformed messages of the version-2 types are rejected with a precise
     bytes[8] = static_cast<std::uint8_t>(bytes[8] + 2);
     CHECK(decode(bytes).error == "malformed message of type 9: 2 unexpected bytes after the message");
   }
-  SECTION("type 10 is still unknown") {
+  const std::size_t status_path = vf::kControlHeaderSize + 2 * 20;
+  SECTION("path status: path neither primary nor standby") {
+    auto bytes = encode(sample_path_status());
+    bytes[status_path] = 3;
+    CHECK(decode(bytes).error ==
+          "malformed message of type 10: path 3 is not a path (0 primary, 1 standby)");
+  }
+  SECTION("path status: up flag must be exactly 0 or 1") {
+    auto bytes = encode(sample_path_status());
+    bytes[status_path + 1] = 0x10;
+    CHECK(decode(bytes).error ==
+          "malformed message of type 10: up flag 16 is not a boolean (0 or 1)");
+  }
+  SECTION("path status: cut inside the nonce") {
+    auto bytes = encode(sample_path_status());
+    bytes[8] = static_cast<std::uint8_t>(bytes[8] - 2);
+    bytes.resize(bytes.size() - 2);
+    CHECK(decode(bytes).error == "malformed message of type 10: message ends inside rearm nonce");
+  }
+  SECTION("path status: trailing bytes") {
+    auto bytes = encode(sample_path_status());
+    bytes.push_back(0);
+    bytes[8] = static_cast<std::uint8_t>(bytes[8] + 1);
+    CHECK(decode(bytes).error ==
+          "malformed message of type 10: 1 unexpected bytes after the message");
+  }
+  SECTION("type 11 is still unknown") {
     auto bytes = encode(vf::MrQuery{5});
-    bytes[6] = 10;
-    CHECK(decode(bytes).error == "message type 10 is unknown");
+    bytes[6] = 11;
+    CHECK(decode(bytes).error == "message type 11 is unknown");
   }
   SECTION("type 0 is unknown") {
     auto bytes = encode(vf::MrQuery{5});
@@ -346,6 +384,7 @@ TEST_CASE("random corruption never crashes the decoder and never yields a wrong 
       vf::PairRefused{{0x11, gid_of(1)}, {0x22, gid_of(2)}, 2},
       sample_rearm(),
       vf::MrQuery{0x1234},
+      sample_path_status(),
   };
   std::mt19937 random(12345);
   for (const auto& message : messages) {

@@ -24,6 +24,7 @@ vf::StatsSnapshot sample_snapshot() {
   qp.qpn = 17;
   qp.device = "rxe0/1";
   qp.backup = "rxe1/1";
+  qp.peer = "other_process";
   qp.is_protected = true;
   qp.path = "standby";
   qp.state = "standby";
@@ -94,9 +95,9 @@ TEST_CASE("stats JSON: the exact layout, totals computed from QPs and devices") 
     {"name": "rxe0", "port": 1, "state": "DOWN", "backup": "rxe1/1", "port_changes": 1, "hidden_async_events": 1}
   ],
   "qps": [
-    {"qpn": 17, "device": "rxe0/1", "backup": "rxe1/1", "protected": true, "path": "standby", "state": "standby", "unprotected_reason": "", "failovers": 1, "failbacks": 0, "replayed_wrs": 3, "hidden_error_completions": 5, "hidden_async_events": 0, "synthesized_completions": 1,
+    {"qpn": 17, "device": "rxe0/1", "backup": "rxe1/1", "peer": "other_process", "protected": true, "path": "standby", "state": "standby", "unprotected_reason": "", "failovers": 1, "failbacks": 0, "replayed_wrs": 3, "hidden_error_completions": 5, "hidden_async_events": 0, "synthesized_completions": 1,
      "events": [{"kind": "failover", "reason": "port_down", "from": "primary", "to": "standby", "detected_unix_ns": 1764680000000000000, "resumed_unix_ns": 1764680000012000000, "ms": 12.000, "replayed_wrs": 3}]},
-    {"qpn": 18, "device": "rxe0/1", "backup": null, "protected": false, "path": "primary", "state": "unprotected", "unprotected_reason": "no backup device", "failovers": 0, "failbacks": 0, "replayed_wrs": 0, "hidden_error_completions": 0, "hidden_async_events": 0, "synthesized_completions": 0,
+    {"qpn": 18, "device": "rxe0/1", "backup": null, "peer": null, "protected": false, "path": "primary", "state": "unprotected", "unprotected_reason": "no backup device", "failovers": 0, "failbacks": 0, "replayed_wrs": 0, "hidden_error_completions": 0, "hidden_async_events": 0, "synthesized_completions": 0,
      "events": []}
   ]
 }
