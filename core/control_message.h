@@ -140,8 +140,10 @@ struct Rearm {
 // The failover handshake covers a path that carries traffic; this covers the one that waits: a
 // side whose own ports are all up learns that its standby cannot be used (and says it is
 // unprotected), and, when the port is back, re-arms the path at once instead of at its next retry.
-// rearm_nonce is the sender's latest re-arm request number for that path (Rearm::nonce): a
-// notice sent before a re-arm the receiver has since answered is stale and ignored.
+// rearm_nonce numbers it against the re-arm requests (Rearm::nonce) of that path: from the side
+// that asks, its latest request (a "down" older than a request answered since is stale); from
+// the side that answers, the latest request it has seen (an asker whose outstanding request is
+// newer lets it be answered instead of asking again).
 struct PathStatus {
   QpKey local;
   QpKey remote;

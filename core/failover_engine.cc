@@ -35,9 +35,11 @@ constexpr std::uint8_t kMaxPorts = 4;
 constexpr int kMaxDevices = 32;
 constexpr int kConnectTimeoutMs = 300;
 constexpr std::uint64_t kPairingAnswerTimeoutNs = 2'000'000'000;
-// A re-arm request unanswered for this long is sent again (with a fresh PSN). Long enough that a
-// late reply to the previous one is not mistaken for the answer to the new one.
-constexpr std::uint64_t kRearmRetryNs = 5'000'000'000;  // standby_blink (tests/failover) waits 4 s
+// A re-arm request unanswered for this long is sent again (with a fresh PSN), and so is the
+// answerer's notice that its port is back (PathStatus). Long enough that a late reply to the
+// previous request is not mistaken for the answer to the new one. Tests may lengthen it
+// (verbs_failover_debug_set_rearm_retry_ms) to prove that something does not wait for it.
+constexpr std::uint64_t kRearmRetryNs = 5'000'000'000;
 constexpr int kMaxGidScan = 16;
 constexpr int kPairingRounds = 6;
 constexpr std::uint64_t kSwitchAnswerTimeoutNs = 10'000'000'000;
@@ -159,7 +161,11 @@ struct Rearm {
   bool awaiting = false;
   std::uint64_t sent_ns = 0;
   std::uint32_t nonce = 0;           // of our latest request (asker)
-  std::uint32_t answered_nonce = 0;  // of the latest request we answered (answerer)
+  // Answerer: requests up to this one are done with (answered, or sent before the asker's port
+  // went down: PathStatus).
+  std::uint32_t answered_nonce = 0;
+  std::uint32_t seen_nonce = 0;       // answerer: of the latest request that arrived at all
+  std::uint64_t notice_sent_ns = 0;   // answerer: when it last said its port is back
 };
 
 struct QpAttrs {  // what the application gave its QP, to re-connect the primary later
@@ -269,6 +275,7 @@ struct Engine {
   std::map<ibv_comp_channel*, ChannelState> channels;
   std::vector<std::pair<std::uint64_t, ControlMessage>> local_inbox;  // (unused token, message)
   std::uint64_t next_stats_ns = 0;
+  std::uint64_t rearm_retry_ns = kRearmRetryNs;
   std::thread::id engine_thread;
 };
 
@@ -1651,7 +1658,9 @@ void path_restored(Protection& p, int path, bool may_fail_back) {
   v.path[path].connected = true;
   v.path[path].failed = false;
   // Done; the numbering of requests goes on (a later re-arm must not look older).
-  p.rearm[path] = Rearm{.nonce = p.rearm[path].nonce, .answered_nonce = p.rearm[path].answered_nonce};
+  p.rearm[path] = Rearm{.nonce = p.rearm[path].nonce,
+                        .answered_nonce = p.rearm[path].answered_nonce,
+                        .seen_nonce = p.rearm[path].seen_nonce};
   if (!p.unprotected_reason.empty() && p.paired) {
     VF_LOG_INFO("qp {}: protected again — the {} path is re-connected", v.vqpn, path_name(path));
     p.unprotected_reason.clear();
@@ -1690,11 +1699,13 @@ void handle_rearm(const vf::Rearm& message) {
     return;
   }
   // A request: ours too if our port is up and the path is idle.
+  p->rearm[path].seen_nonce = std::max(p->rearm[path].seen_nonce, message.nonce);
   if (v.active_path() == path || p->sw.in_progress) return;
   if (!port_active(physical.device_index, physical.port)) return;
   if (message.nonce <= p->rearm[path].answered_nonce) return;  // an older request, overtaken
   p->rearm[path].awaiting = false;
   physical.psn = random_psn();
+  physical.connected = false;  // in RESET/INIT until connected again: no switch may go there
   if (!reset_path(*p, path) ||
       !connect_path(*p, path, message.qpn, message.gid, message.psn)) {
     VF_LOG_WARN("qp {}: re-connecting the {} path failed", v.vqpn, path_name(path));
@@ -1705,6 +1716,8 @@ void handle_rearm(const vf::Rearm& message) {
   path_restored(*p, path, false);
 }
 
+void send_path_status(Protection& p, int path, bool up);
+
 void maybe_rearm(Protection& p, int path) {
   VirtualQp& v = *p.qp;
   Rearm& rearm = p.rearm[path];
@@ -1714,10 +1727,19 @@ void maybe_rearm(Protection& p, int path) {
   }
   const PhysicalPath& physical = v.path[path];
   if (!port_active(physical.device_index, physical.port)) return;
-  if (p.local != p.remote && answers_rearm(p)) return;  // the peer asks; we answer
   const std::uint64_t now = monotonic_ns();
-  if (rearm.awaiting && now < rearm.sent_ns + kRearmRetryNs) return;
+  if (p.local != p.remote && answers_rearm(p)) {
+    // The peer asks; it must hear that it can now (its requests while our port was down went
+    // unanswered, and it may not even know the port was down). Repeated: a notice may be lost.
+    if (rearm.notice_sent_ns == 0 || now >= rearm.notice_sent_ns + engine().rearm_retry_ns) {
+      rearm.notice_sent_ns = now;
+      send_path_status(p, path, true);
+    }
+    return;
+  }
+  if (rearm.awaiting && now < rearm.sent_ns + engine().rearm_retry_ns) return;
   v.path[path].psn = random_psn();
+  v.path[path].connected = false;  // in RESET/INIT until connected again: no switch may go there
   if (!reset_path(p, path)) return;
   if (p.local == p.remote) {
     // A QP connected to itself (NCCL's flush QP): both ends are this QP.
@@ -1731,6 +1753,9 @@ void maybe_rearm(Protection& p, int path) {
   send_rearm(p, path, false, ++rearm.nonce);
 }
 
+// A notice, not a step of a protocol that waits for it: sent only on a session that exists (or
+// to this process), never by connecting while the engine's lock is held. A lost "up" is sent
+// again by maybe_rearm; a lost "down" costs the peer's report, not its data.
 void send_path_status(Protection& p, int path, bool up) {
   if (p.local == p.remote) return;  // a QP connected to itself: this side is the peer
   PathStatus status;
@@ -1738,34 +1763,56 @@ void send_path_status(Protection& p, int path, bool up) {
   status.remote = p.remote;
   status.path = static_cast<std::uint8_t>(path);
   status.up = up;
-  status.rearm_nonce = p.rearm[path].nonce;
-  send_to_peer(p, status);
+  // The asker's latest request; the answerer's latest request seen (PathStatus::rearm_nonce).
+  status.rearm_nonce = answers_rearm(p) ? p.rearm[path].seen_nonce : p.rearm[path].nonce;
+  Engine& e = engine();
+  if (p.peer.local) {
+    e.local_inbox.emplace_back(0, status);
+    wake_engine();
+    return;
+  }
+  ControlSession* session = e.channel.find_by_token(p.peer.token);
+  if (session == nullptr) session = e.channel.find(p.peer.session);
+  if (session == nullptr || !e.channel.send(session->id, status)) {
+    VF_LOG_DEBUG("qp {}: no session to the peer's shim; its {} path's {} notice is not sent",
+                 p.qp->vqpn, path_name(path), up ? "up" : "down");
+  }
 }
 
 // The peer's end of one of our idle paths lost its port, or has it again (PathStatus).
 void handle_path_status(const PathStatus& message) {
   Protection* p = protection_by_key(message.remote);
   if (p == nullptr || message.path > 1 || !p->paired || p->destroyed) return;
+  if (p->remote != message.local) return;  // from an earlier pair of a reused QP number
   VirtualQp& v = *p->qp;
   const int path = message.path;
   // A path that carries traffic (or is being switched to or from) is the handshake's business.
   if (v.active_path() == path || p->sw.in_progress || v.application_failed.load()) return;
   Rearm& rearm = p->rearm[path];
-  const bool we_ask = p->local == p->remote || !answers_rearm(*p);
+  const bool we_ask = !answers_rearm(*p);
   if (!message.up) {
-    // Sent before a re-arm the peer asked for and we answered since: the path is fine.
-    if (!we_ask && message.rearm_nonce < rearm.answered_nonce) {
-      VF_LOG_DEBUG("qp {}: stale notice of the peer's {} path ignored", v.vqpn, path_name(path));
-      return;
+    if (!we_ask) {
+      // Sent before a re-arm the peer asked for and we answered since: the path is fine.
+      if (message.rearm_nonce < rearm.answered_nonce) {
+        VF_LOG_DEBUG("qp {}: stale notice of the peer's {} path ignored", v.vqpn, path_name(path));
+        return;
+      }
+      // Its requests up to here were sent before its port went: none may connect us now.
+      rearm.answered_nonce = message.rearm_nonce;
     }
     v.path[path].failed = true;
     rearm.needed = true;
-    set_unprotected(*p, fmt::format("the peer's end of its {} path lost its port; running on "
-                                    "the {} path alone",
-                                    path_name(path), path_name(v.active_path())));
+    const PhysicalPath& ours = v.path[path];
+    if (port_active(ours.device_index, ours.port)) {  // else our own reason says more
+      set_unprotected(*p, fmt::format("the peer's end of its {} path lost its port; running on "
+                                      "the {} path alone",
+                                      path_name(path), path_name(v.active_path())));
+    }
     return;
   }
   if (!we_ask) return;  // the peer asks itself
+  // A request the peer has not seen yet will be answered: asking again would drop it.
+  if (rearm.awaiting && rearm.nonce > message.rearm_nonce) return;
   rearm.needed = true;
   rearm.awaiting = false;  // ask now: a request sent while the peer's port was down went unanswered
   maybe_rearm(*p, path);
@@ -1811,16 +1858,19 @@ void on_port_change(int device, std::uint8_t port, ibv_port_state state) {
                                          path_name(path), e.devices[device].name, port,
                                          path_name(v.active_path())));
         }
+        if (p.paired && v.active_path() != path) {
+          // A reply to a request sent before the loss would connect a QP whose port is down.
+          p.rearm[path].awaiting = false;
+          p.rearm[path].needed = true;
+          p.rearm[path].notice_sent_ns = 0;  // the "up" notice goes as soon as the port is back
+        }
         if (p.paired && idle) send_path_status(p, path, false);
       } else if (p.paired && v.active_path() != path) {
         if (!p.rearm[path].needed && v.path[path].connected) {
           // The port blinked while the path idled: its QP may be in error; re-arm it anyway.
           p.rearm[path].needed = true;
         }
-        maybe_rearm(p, path);
-        // The peer asks for the re-arm when it is the asker: it must hear that it can, now, not
-        // at its next retry (kRearmRetryNs) or, if it never learnt of the loss, never.
-        if (idle && answers_rearm(p)) send_path_status(p, path, true);
+        maybe_rearm(p, path);  // the asker asks; the answerer says its port is back
       }
     }
   }
@@ -2972,6 +3022,12 @@ void FailoverEngine::write_stats(const char* reason) {
   if (!write_file_atomically(e.config.stats_file, render_stats_json(snapshot), error)) {
     VF_LOG_WARN("stats: {}", error);
   }
+}
+
+void FailoverEngine::set_rearm_retry(std::uint64_t nanoseconds) {
+  Engine& e = engine();
+  std::lock_guard lock(e.mutex);
+  e.rearm_retry_ns = nanoseconds;
 }
 
 int FailoverEngine::protection_of(std::uint32_t qpn, std::string& reason) {

@@ -73,6 +73,9 @@ class FailoverEngine {
   // What the stats file would say of the QP whose application QPN is qpn: 1 protected, 0 not
   // (reason says why), -1 the engine does not know it. For tests (verbs_failover_debug_*).
   int protection_of(std::uint32_t qpn, std::string& reason);
+  // The interval after which an unanswered re-arm request, or an answerer's notice that its
+  // port is back, is sent again (default 5 s). For tests (verbs_failover_debug_*).
+  void set_rearm_retry(std::uint64_t nanoseconds);
   // fork(): the child has no engine thread and must not use the parent's objects.
   void forget_after_fork();
   void lock_for_fork();

@@ -40,3 +40,11 @@ VF_EXPORT int verbs_failover_debug_qp_protected(std::uint32_t qpn, char* reason,
   }
   return state;
 }
+
+// Sets the re-arm retry interval (milliseconds, > 0): a test lengthens it to prove that a path
+// comes back because of a notice, not because a retry came round. Returns 0, or -1 for 0 ms.
+VF_EXPORT int verbs_failover_debug_set_rearm_retry_ms(unsigned int milliseconds) {
+  if (milliseconds == 0) return -1;
+  vf::FailoverEngine::instance().set_rearm_retry(std::uint64_t{milliseconds} * 1'000'000);
+  return 0;
+}
