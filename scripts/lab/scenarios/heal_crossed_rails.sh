@@ -10,9 +10,17 @@
 # must still have been running when all of that had happened (else the run was too short: a
 # set-up failure, not a pass). With the shim only: without it the cut alone breaks ring 0
 # (crossed_rails@noshim).
+#
+# Not in `lab all` yet: it passed 4 of 4 runs on a quiet machine, but in the CI of 0445b3f ring 0
+# stalled right after its failback (both ranks waiting, no error completion, no shim line), and a
+# variant of it stalled right after the failover itself (2 of process 0's QPs on A replayed 32
+# requests that never completed; the peer's receiving QPs had hidden 4 flushes each). No error
+# at all with rnr_retry 7 points at a receive missing at the peer (RNR retried forever). Under
+# investigation; until it is understood this scenario is run by hand.
 SCENARIO_DESC="port_down A rail0 then restore, mid both nccl_pattern rings: p0 fails over and back, p1 protected again on both hosts"
 SCENARIO_KIND=failover
 SCENARIO_SHIM=required
+SCENARIO_ALL=no
 SCENARIO_TIMEOUT=480
 
 # shellcheck source=scripts/lab/scenarios/_nccl_pattern_ring.sh
