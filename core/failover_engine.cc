@@ -672,7 +672,8 @@ std::uint32_t random_psn() {
 void process_message(const PeerRef& from, std::uint64_t session, ControlMessage& message);
 void flush_outbox();
 
-bool send_to_peer(Protection& p, const ControlMessage& message) {
+// To this process's inbox, or on a session to the peer that exists: never connects.
+bool send_on_open_session(Protection& p, const ControlMessage& message) {
   Engine& e = engine();
   if (p.peer.local) {
     e.local_inbox.emplace_back(0, message);
@@ -681,8 +682,13 @@ bool send_to_peer(Protection& p, const ControlMessage& message) {
   }
   ControlSession* session = e.channel.find_by_token(p.peer.token);
   if (session == nullptr) session = e.channel.find(p.peer.session);
-  if (session != nullptr && e.channel.send(session->id, message)) {
-    p.peer_unreachable_reported = false;
+  return session != nullptr && e.channel.send(session->id, message);
+}
+
+bool send_to_peer(Protection& p, const ControlMessage& message) {
+  Engine& e = engine();
+  if (send_on_open_session(p, message)) {
+    if (!p.peer.local) p.peer_unreachable_reported = false;
     return true;
   }
   // Every session to the peer is gone: reach it on any address it advertised.
@@ -1765,15 +1771,7 @@ void send_path_status(Protection& p, int path, bool up) {
   status.up = up;
   // The asker's latest request; the answerer's latest request seen (PathStatus::rearm_nonce).
   status.rearm_nonce = answers_rearm(p) ? p.rearm[path].seen_nonce : p.rearm[path].nonce;
-  Engine& e = engine();
-  if (p.peer.local) {
-    e.local_inbox.emplace_back(0, status);
-    wake_engine();
-    return;
-  }
-  ControlSession* session = e.channel.find_by_token(p.peer.token);
-  if (session == nullptr) session = e.channel.find(p.peer.session);
-  if (session == nullptr || !e.channel.send(session->id, status)) {
+  if (!send_on_open_session(p, status)) {
     VF_LOG_DEBUG("qp {}: no session to the peer's shim; its {} path's {} notice is not sent",
                  p.qp->vqpn, path_name(path), up ? "up" : "down");
   }
