@@ -42,6 +42,7 @@ cut_start() {
     nccl_pattern)
       start_nccl_rings "$CUT_NCCL_ITERS" 131072 40 "${CUT_ENV[@]}"
       nccl_wait_started 60
+      [[ $SCEN_VARIANT != shim ]] || nccl_wait_protected 60
       CUT_JOBS=("${NCCL_JOBS[@]}")
       CUT_PROTECTED=(A:p0 B:p0)
       ;;

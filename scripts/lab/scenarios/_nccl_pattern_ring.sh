@@ -62,3 +62,22 @@ nccl_check_pass() {
   done
   return "$rc"
 }
+
+# nccl_protected HOST JOB: the process's shim logged each of its 5 QPs (2 per connection, and the
+# flush QP) protected.
+nccl_protected() {
+  local n
+  n=$(cat "$SCEN_DIR/$1/$2".vf.*.log 2>/dev/null | grep -c 'protected — standby qp' || true)
+  ((n >= 5))
+}
+
+# nccl_wait_protected TIMEOUT: every process's QPs are protected (pairing runs in the background
+# after RTR and may take seconds on a loaded machine): a fault meant for protected pairs must not
+# come first (else lab_fail). With the shim only.
+nccl_wait_protected() {
+  local j
+  for j in "${NCCL_JOBS[@]}"; do
+    wait_for "$1" nccl_protected "${j%%:*}" "${j#*:}" ||
+      lab_fail "$j: its 5 QPs were not all protected within $1 s of the traffic's start"
+  done
+}
