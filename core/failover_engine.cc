@@ -60,6 +60,21 @@ constexpr std::uint64_t kReceiveFlushWaitNs = 1'000'000'000;
 // the extra command.
 constexpr std::uint64_t kDrainMarkerNudgeNs = 200'000;
 static_assert(kDrainMarkerNudgeNs < kReceiveFlushWaitNs);
+// The most transport retries every provider counts: rxe takes retry_cnt 7 as "retry without end"
+// (the IB spec counts 7), and a path that dies silently (no port event) must end in
+// RETRY_EXC_ERR for the traffic to move. So protected QPs retry at most this often: the
+// application's primary (its 7, NCCL's default, becomes 6) and the engine's standbys.
+constexpr std::uint8_t kMaxRetryCount = 6;
+static_assert(kMaxRetryCount < 7);
+// The first hold-down of a path that failed silently, the longest, and how long a re-armed path
+// must have worked for the next silent failure to start again from the first (HoldDown).
+constexpr std::uint64_t kFirstHoldDownNs = 10'000'000'000ull;
+constexpr std::uint64_t kMaxHoldDownNs = 600'000'000'000ull;
+constexpr std::uint64_t kStableAfterRearmNs = 60'000'000'000ull;
+static_assert(kFirstHoldDownNs >= kRearmRetryNs && kFirstHoldDownNs <= kMaxHoldDownNs);
+// A switch after which nothing completed for this long is described in the log
+// (report_late_resume). Tests may shorten it (verbs_failover_debug_set_resume_late_ms).
+constexpr std::uint64_t kResumeLateNs = 5'000'000'000ull;
 constexpr std::uint8_t kStandbyRdAtomic = 16;
 
 const void* key_of(std::uint64_t value) { return reinterpret_cast<const void*>(value); }
@@ -168,6 +183,17 @@ struct Rearm {
   std::uint64_t notice_sent_ns = 0;   // answerer: when it last said its port is back
 };
 
+// A path that failed silently (link-class error completions, its port still ACTIVE: a cut beyond
+// the port, packets dropped) looks fine to a re-arm, which only needs the port and the control
+// channel: re-armed at once, it would take the traffic back and fail again, over and over. So it
+// is held down before its re-arm, longer each time it fails again soon after coming back (as
+// routers damp a flapping route); a port event on it (DOWN, then ACTIVE) ends the hold.
+struct HoldDown {
+  std::uint64_t until_ns = 0;     // no re-arm before (0: not held)
+  std::uint64_t period_ns = 0;    // the latest hold's length
+  std::uint64_t restored_ns = 0;  // when the path was last re-armed
+};
+
 struct QpAttrs {  // what the application gave its QP, to re-connect the primary later
   bool have_init = false, have_rtr = false, have_rts = false;
   ibv_qp_attr init{}, rtr{}, rts{};
@@ -208,10 +234,13 @@ struct Protection {
   SwitchState sw;
   std::uint32_t epoch = 0;
   Rearm rearm[kPathCount];
+  HoldDown hold[kPathCount];
   std::uint64_t failovers = 0;
   std::uint64_t failbacks = 0;
   std::vector<SwitchEvent> events;
   std::uint32_t pending_event = UINT32_MAX;  // index of the event awaiting its resume time
+  std::uint64_t switched_monotonic_ns = 0;   // when the latest switch finished
+  bool resume_late_reported = false;         // the latest switch's "no completion yet" line
 };
 
 // A shared receive queue and the protected QPs that take receives from it: they switch paths
@@ -276,6 +305,7 @@ struct Engine {
   std::vector<std::pair<std::uint64_t, ControlMessage>> local_inbox;  // (unused token, message)
   std::uint64_t next_stats_ns = 0;
   std::uint64_t rearm_retry_ns = kRearmRetryNs;
+  std::uint64_t resume_late_ns = kResumeLateNs;
   std::thread::id engine_thread;
 };
 
@@ -558,7 +588,7 @@ int connect_engine_qp(ibv_qp* qp, const EngineQpLink& link, const char** step) {
   attr.qp_state = IBV_QPS_RTS;
   attr.sq_psn = link.sq_psn;
   attr.timeout = link.timeout;
-  attr.retry_cnt = 7;
+  attr.retry_cnt = kMaxRetryCount;
   attr.rnr_retry = link.rnr_retry;
   attr.max_rd_atomic = link.rd_atomic;
   *step = "RTS";
@@ -1089,6 +1119,8 @@ void finish_switch(Protection& p) {
   event.replayed_wrs = replayed;
   p.events.push_back(event);
   p.pending_event = static_cast<std::uint32_t>(p.events.size() - 1);
+  p.switched_monotonic_ns = monotonic_ns();
+  p.resume_late_reported = false;
   VF_LOG_INFO("qp {}: {} {} -> {} done ({}): peer had delivered {} message(s), we {}; replayed "
               "{} request(s), completed {} proven done, in {:.3f} ms",
               v.vqpn, event.kind, event.from, event.to, event.reason, sw.peer_count,
@@ -1653,6 +1685,26 @@ bool port_active(int device, std::uint8_t port) {
   return engine().devices[device].ports[port].state == IBV_PORT_ACTIVE;
 }
 
+// The active path failed with error completions: if its port is ACTIVE nothing local explains
+// it, and it is held down before its re-arm (HoldDown).
+void hold_down_if_silent(Protection& p, int path, std::uint64_t now) {
+  const PhysicalPath& physical = p.qp->path[path];
+  if (!port_active(physical.device_index, physical.port)) return;
+  HoldDown& hold = p.hold[path];
+  const bool soon_after_rearm =
+      hold.restored_ns != 0 && now - hold.restored_ns < kStableAfterRearmNs && hold.period_ns != 0;
+  hold.period_ns = soon_after_rearm ? std::min(hold.period_ns * 2, kMaxHoldDownNs) : kFirstHoldDownNs;
+  hold.until_ns = now + hold.period_ns;
+  VF_LOG_INFO("qp {}: its {} path failed with its port ACTIVE (a silent failure beyond the port); "
+              "it is not re-armed for {} s{}",
+              p.qp->vqpn, path_name(path), hold.period_ns / 1'000'000'000,
+              soon_after_rearm ? " (it failed again soon after its last re-arm)" : "");
+}
+
+bool held_down(const Protection& p, int path, std::uint64_t now) {
+  return p.hold[path].until_ns != 0 && now < p.hold[path].until_ns;
+}
+
 bool connect_path(Protection& p, int path, std::uint32_t qpn, const Gid& gid, std::uint32_t psn) {
   return path == kPrimary ? connect_primary(p, qpn, psn) : connect_standby(p, qpn, gid, psn, p.peer_mtu);
 }
@@ -1661,6 +1713,8 @@ bool connect_path(Protection& p, int path, std::uint32_t qpn, const Gid& gid, st
 // arrives) starts the failback; the answering side's QP may still be reaching RTR otherwise.
 void path_restored(Protection& p, int path, bool may_fail_back) {
   VirtualQp& v = *p.qp;
+  p.hold[path].restored_ns = monotonic_ns();
+  p.hold[path].until_ns = 0;
   v.path[path].connected = true;
   v.path[path].failed = false;
   // Done; the numbering of requests goes on (a later re-arm must not look older).
@@ -1708,6 +1762,7 @@ void handle_rearm(const vf::Rearm& message) {
   p->rearm[path].seen_nonce = std::max(p->rearm[path].seen_nonce, message.nonce);
   if (v.active_path() == path || p->sw.in_progress) return;
   if (!port_active(physical.device_index, physical.port)) return;
+  if (held_down(*p, path, monotonic_ns())) return;  // the asker asks again after its retry
   if (message.nonce <= p->rearm[path].answered_nonce) return;  // an older request, overtaken
   p->rearm[path].awaiting = false;
   physical.psn = random_psn();
@@ -1734,6 +1789,7 @@ void maybe_rearm(Protection& p, int path) {
   const PhysicalPath& physical = v.path[path];
   if (!port_active(physical.device_index, physical.port)) return;
   const std::uint64_t now = monotonic_ns();
+  if (held_down(p, path, now)) return;  // neither asks nor says its port is back
   if (p.local != p.remote && answers_rearm(p)) {
     // The peer asks; it must hear that it can now (its requests while our port was down went
     // unanswered, and it may not even know the port was down). Repeated: a notice may be lost.
@@ -1864,6 +1920,7 @@ void on_port_change(int device, std::uint8_t port, ibv_port_state state) {
         }
         if (p.paired && idle) send_path_status(p, path, false);
       } else if (p.paired && v.active_path() != path) {
+        p.hold[path].until_ns = 0;  // a port event: whatever failed may have been repaired
         if (!p.rearm[path].needed && v.path[path].connected) {
           // The port blinked while the path idled: its QP may be in error; re-arm it anyway.
           p.rearm[path].needed = true;
@@ -1960,6 +2017,44 @@ void on_hello(ControlSession& session) {
   }
 }
 
+// A switch whose new path has reported nothing for kResumeLateNs while work was outstanding:
+// what both ends of the path look like, once. Not an error by itself (the peer may simply have
+// nothing to send), but a request the new path never completes waits silently when its device
+// retries for ever (rnr_retry 7; rxe also takes retry_cnt 7 as "for ever"), and the two ends'
+// lines side by side tell a receive missing at the responder (RNR) from a PSN the ends disagree
+// on.
+void report_late_resume(Protection& p) {
+  Engine& e = engine();
+  VirtualQp& v = *p.qp;
+  const int active = v.active_path();
+  ibv_qp* qp = v.path[active].qp;
+  ibv_qp_attr attr{};
+  ibv_qp_init_attr init{};
+  std::string physical = "not queried";
+  if (qp != nullptr && e.verbs.query_qp != nullptr &&
+      e.verbs.query_qp(qp, &attr, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_RQ_PSN | IBV_QP_DEST_QPN,
+                       &init) == 0) {
+    physical = fmt::format("state {}, sq_psn {:#x}, rq_psn {:#x}, dest qp {}",
+                           qp_state_name(attr.qp_state), attr.sq_psn, attr.rq_psn,
+                           attr.dest_qp_num);
+  }
+  v.lock().lock();
+  const std::uint32_t sends = v.send_ring().outstanding();
+  const std::uint64_t next_sequence = v.send_ring().next_sequence();
+  const std::uint64_t next_to_post = v.next_send_to_post();
+  const std::uint64_t messages = v.send_ring().messages_posted();
+  const std::uint32_t receives = v.recv_ring().pending();
+  const std::uint64_t delivered = v.recv_ring().delivered_messages();
+  v.lock().unlock();
+  VF_LOG_INFO("qp {}: no completion on the {} path {:.1f} s after the switch: {} request(s) "
+              "outstanding (next to post {}, next sequence {}, {} message(s) posted), {} "
+              "receive(s) pending ({} message(s) delivered); {} qp {}: {}",
+              v.vqpn, path_name(active),
+              static_cast<double>(monotonic_ns() - p.switched_monotonic_ns) / 1e9, sends,
+              next_to_post, next_sequence, messages, receives, delivered, path_name(active),
+              qp != nullptr ? qp->qp_num : 0, physical);
+}
+
 void periodic_work() {
   Engine& e = engine();
   const std::uint64_t now = monotonic_ns();
@@ -1970,6 +2065,7 @@ void periodic_work() {
     if (p.destroyed) continue;
     VirtualQp& v = *p.qp;
     if (v.link_error_seen.load(std::memory_order_relaxed) && !p.sw.in_progress) {
+      hold_down_if_silent(p, v.active_path(), now);
       v.path[v.active_path()].failed = true;
       start_switch(p, other_path(v.active_path()), FailoverReason::kErrorCompletion);
       v.link_error_seen.store(false);
@@ -2015,6 +2111,12 @@ void periodic_work() {
       v.lock().unlock();
     }
     for (int path = 0; path < kPathCount; ++path) maybe_rearm(p, path);
+    if (p.pending_event != UINT32_MAX && !p.resume_late_reported && !p.sw.in_progress &&
+        now > p.switched_monotonic_ns && now - p.switched_monotonic_ns > engine().resume_late_ns &&
+        v.awaiting_resume.load()) {
+      p.resume_late_reported = true;
+      report_late_resume(p);
+    }
     if (p.pending_event != UINT32_MAX) {
       const std::uint64_t resumed = v.counters.resumed_unix_ns.load();
       if (resumed != 0 && !v.awaiting_resume.load()) {
@@ -2654,6 +2756,11 @@ int FailoverEngine::modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask,
                  adjusted.timeout, e.config.qp_timeout);
     adjusted.timeout = e.config.qp_timeout;
   }
+  if ((mask & IBV_QP_RETRY_CNT) && adjusted.retry_cnt > kMaxRetryCount) {
+    VF_LOG_DEBUG("qp {}: retry count {} -> {} (a provider may take 7 as without end)", qp->qp_num,
+                 adjusted.retry_cnt, kMaxRetryCount);
+    adjusted.retry_cnt = kMaxRetryCount;
+  }
   if ((mask & IBV_QP_STATE) && attr->qp_state == IBV_QPS_RTS && !v->application_failed.load() &&
       (p.sw.in_progress || v->active_path() != kPrimary)) {
     // The peer switched the pair between the application's RTR and its RTS: the QP it drives
@@ -3020,6 +3127,12 @@ void FailoverEngine::write_stats(const char* reason) {
   if (!write_file_atomically(e.config.stats_file, render_stats_json(snapshot), error)) {
     VF_LOG_WARN("stats: {}", error);
   }
+}
+
+void FailoverEngine::set_resume_late(std::uint64_t nanoseconds) {
+  Engine& e = engine();
+  std::lock_guard lock(e.mutex);
+  e.resume_late_ns = nanoseconds;
 }
 
 void FailoverEngine::set_rearm_retry(std::uint64_t nanoseconds) {

@@ -76,6 +76,9 @@ class FailoverEngine {
   // The interval after which an unanswered re-arm request, or an answerer's notice that its
   // port is back, is sent again (default 5 s). For tests (verbs_failover_debug_*).
   void set_rearm_retry(std::uint64_t nanoseconds);
+  // How long after a switch with work outstanding, and no completion since, the engine
+  // describes both paths in its log (default 5 s). For tests (verbs_failover_debug_*).
+  void set_resume_late(std::uint64_t nanoseconds);
   // fork(): the child has no engine thread and must not use the parent's objects.
   void forget_after_fork();
   void lock_for_fork();

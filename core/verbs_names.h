@@ -16,4 +16,17 @@ inline const char* port_state_name(ibv_port_state state) {
   }
 }
 
+inline const char* qp_state_name(ibv_qp_state state) {
+  switch (state) {
+    case IBV_QPS_RESET: return "RESET";
+    case IBV_QPS_INIT: return "INIT";
+    case IBV_QPS_RTR: return "RTR";
+    case IBV_QPS_RTS: return "RTS";
+    case IBV_QPS_SQD: return "SQD";
+    case IBV_QPS_SQE: return "SQE";
+    case IBV_QPS_ERR: return "ERR";
+    default: return "unknown";
+  }
+}
+
 }  // namespace vf

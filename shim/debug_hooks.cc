@@ -48,3 +48,12 @@ VF_EXPORT int verbs_failover_debug_set_rearm_retry_ms(unsigned int milliseconds)
   vf::FailoverEngine::instance().set_rearm_retry(std::uint64_t{milliseconds} * 1'000'000);
   return 0;
 }
+
+// Sets how long after a switch with work outstanding and nothing completed the shim describes
+// the QP's paths in its log (milliseconds, > 0; default 5 s): a test shortens it to see the line
+// without waiting. Returns 0, or -1 for 0 ms.
+VF_EXPORT int verbs_failover_debug_set_resume_late_ms(unsigned int milliseconds) {
+  if (milliseconds == 0) return -1;
+  vf::FailoverEngine::instance().set_resume_late(std::uint64_t{milliseconds} * 1'000'000);
+  return 0;
+}

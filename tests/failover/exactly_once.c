@@ -130,6 +130,8 @@ static struct {
   int (*list_qps)(int, uint32_t*, int);
   int (*set_recv_delay)(int, unsigned);
   int (*set_flush_on_modify_only)(int, int);
+  int (*set_drop)(int, int);
+  int (*set_retry_without_end_at_7)(int, int);
   int (*device_count)(void);
   void (*reset)(void);
 } fv;
@@ -303,6 +305,8 @@ static int g_rereg = 0;    /* --rereg: MRs moved to a second buffer (ibv_rereg_m
 static int g_resize_cq = 0; /* --resize-cq: CQs created small, ibv_resize_cq'd before traffic */
 static int g_ece = 0;       /* --ece: every QP set to ECE_OPTIONS before RTR */
 static int g_rxe_flush = 0; /* --rxe-flush: every device flushes an ERR QP's new receives late */
+static int g_silent_cut = 0; /* --silent-cut: the cut drops fake0's packets, no port event */
+static int g_rxe_retry = 0;  /* --rxe-retry: retry_cnt 7 retries without end on every device */
 static long g_cq_ex_cycles = 0, g_cq_ex_left_early = 0; /* --cq-ex: reported at the end */
 
 static uint32_t bump(uint32_t* next, uint32_t len, uint32_t end, const char* what) {
@@ -1072,6 +1076,9 @@ static void setup(int recvs_a, int recvs_b) {
   fv.reset();
   for (int dev = 0; g_rxe_flush && dev < fv.device_count(); ++dev)
     if (fv.set_flush_on_modify_only(dev, 1) != 0) setup_fail("fake_verbs_set_flush_on_modify_only");
+  for (int dev = 0; g_rxe_retry && dev < fv.device_count(); ++dev)
+    if (fv.set_retry_without_end_at_7(dev, 1) != 0)
+      setup_fail("fake_verbs_set_retry_without_end_at_7");
   open_side(&g_a);
   open_side(&g_b);
   g_a.peer = &g_b;
@@ -1137,10 +1144,16 @@ static void do_cut(void) {
   stream(1);
   struct fake_verbs_device_stats d;
   fv.dev_stats(0, &d);
-  printf("cut: fake0 port down (fake0 tx=%llu rx=%llu so far)\n",
+  printf("cut: fake0 %s (fake0 tx=%llu rx=%llu so far)\n",
+         g_silent_cut ? "drops every packet, port up" : "port down",
          (unsigned long long)d.tx_messages, (unsigned long long)d.rx_messages);
   fflush(stdout);
-  if (fv.port_down(0) != 0) setup_fail("fake_verbs_port_down(0)");
+  if (g_silent_cut) {
+    /* No port event: only the requests' transport retries running out tell anyone. */
+    if (fv.set_drop(0, 1) != 0) setup_fail("fake_verbs_set_drop(0)");
+  } else if (fv.port_down(0) != 0) {
+    setup_fail("fake_verbs_port_down(0)");
+  }
   stream(1);
 }
 
@@ -1342,6 +1355,52 @@ static void scenario_rnr(void) {
   for (int i = 0; i < 10; ++i) fv.progress();
   post_recvs(&g_b, 10);
   wait_for(all_done, POLL_BOTH, "the RNR'd messages");
+}
+
+/* Whether the shim's log (VERBS_FAILOVER_LOG_FILE) has a line holding both texts. */
+static int shim_log_has(const char* first, const char* second) {
+  const char* path = getenv("VERBS_FAILOVER_LOG_FILE");
+  FILE* file = path != NULL ? fopen(path, "r") : NULL;
+  if (file == NULL) return 0;
+  char line[1024];
+  int found = 0;
+  while (!found && fgets(line, sizeof line, file) != NULL)
+    found = strstr(line, first) != NULL && strstr(line, second) != NULL;
+  fclose(file);
+  return found;
+}
+
+static char g_late_line[96];
+static int late_resume_logged(void) { return shim_log_has(g_late_line, "1 request(s) outstanding"); }
+
+/* A replay the new path cannot complete: B has no receive for A's SEND, which RNRs on the
+   standby as it did on the primary (rnr_retry 7: retried for ever, no error). The shim must say
+   so in its log once the switch is older than its "late" bound (shortened here to 200 ms): the
+   request outstanding and the standby QP's state. Then B posts receives and all completes. */
+static void scenario_rnr_stall(void) {
+  int (*set_late_ms)(unsigned) =
+      (int (*)(unsigned))dlsym(RTLD_DEFAULT, "verbs_failover_debug_set_resume_late_ms");
+  if (set_late_ms == NULL)
+    printf("no shim: the late-resume line is not looked for\n");
+  else if (set_late_ms(200) != 0)
+    setup_fail("verbs_failover_debug_set_resume_late_ms(200)");
+  setup(48, 2 + (g_srq ? STREAM_WARMUP : 0));
+  warmup();
+  const struct fake_verbs_qp_stats a0 = qp_stats(&g_a);
+  post_op(&g_a, IBV_WR_SEND, 120, SIG, 0);
+  for (int i = 0; i < 4; ++i) fv.progress();
+  const struct fake_verbs_qp_stats a1 = qp_stats(&g_a);
+  if (a1.rnr_naks <= a0.rnr_naks) setup_fail("A's SEND is not in RNR");
+  do_cut();
+  if (set_late_ms != NULL) {
+    snprintf(g_late_line, sizeof g_late_line, "qp %u: no completion on the standby path",
+             g_a.qp->qp_num);
+    if (wait_for(late_resume_logged, POLL_BOTH, "the shim's line on A's stalled replay") != 0)
+      return;
+    printf("the shim described A's stalled replay\n");
+  }
+  post_recvs(&g_b, 4);
+  wait_for(all_done, POLL_BOTH, "the RNR'd SEND");
 }
 
 /* A full send queue: max_send_wr WRs (unsignaled WRITEs, signaled SENDs and WRITE_WITH_IMMs) held
@@ -1967,6 +2026,7 @@ static const struct scenario kScenarios[] = {
     {"unsignaled_chain", scenario_unsignaled_chain},
     {"inline", scenario_inline},
     {"rnr", scenario_rnr},
+    {"rnr_stall", scenario_rnr_stall},
     {"full_sq", scenario_full_sq},
     {"full_sq_after_switch", scenario_full_sq_after_switch},
     {"failback_in_flight", scenario_failback_in_flight},
@@ -2003,6 +2063,10 @@ int main(int argc, char** argv) {
       g_ece = 1;
     else if (strcmp(argv[i], "--rxe-flush") == 0)
       g_rxe_flush = 1;
+    else if (strcmp(argv[i], "--silent-cut") == 0)
+      g_silent_cut = 1;
+    else if (strcmp(argv[i], "--rxe-retry") == 0)
+      g_rxe_retry = 1;
     else if (strcmp(argv[i], "--timeout-ms") == 0 && i + 1 < argc)
       g_timeout_ms = atoi(argv[++i]);
     else {
@@ -2043,6 +2107,9 @@ int main(int argc, char** argv) {
   fv.list_qps = (int (*)(int, uint32_t*, int))fake_sym("fake_verbs_list_qps");
   fv.set_recv_delay = (int (*)(int, unsigned))fake_sym("fake_verbs_set_recv_completion_delay");
   fv.set_flush_on_modify_only = (int (*)(int, int))fake_sym("fake_verbs_set_flush_on_modify_only");
+  fv.set_drop = (int (*)(int, int))fake_sym("fake_verbs_set_drop");
+  fv.set_retry_without_end_at_7 =
+      (int (*)(int, int))fake_sym("fake_verbs_set_retry_without_end_at_7");
   fv.device_count = (int (*)(void))fake_sym("fake_verbs_device_count");
   fv.reset = (void (*)(void))fake_sym("fake_verbs_reset");
 

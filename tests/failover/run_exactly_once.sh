@@ -56,12 +56,18 @@ case "$mode" in
     files=("$work"/stats.*.json)
     stats=${files[0]}
     [ -f "$stats" ] || fail "the shim wrote no stats file"
-    python3 - "$stats" $qpns <<'PY' || fail "stats check failed ($stats)"
+    # --silent-cut: fake0 keeps dropping to the end and its port stays up, so a re-arm would
+    # succeed (it needs only the port and the control channel) and a failback would land on the
+    # dead path again: the shim must hold the silently failed path down instead.
+    silent=0
+    [[ " $* " == *" --silent-cut "* ]] && silent=1
+    python3 - "$stats" "$silent" $qpns <<'PY' || fail "stats check failed ($stats)"
 import json, sys
 doc = json.load(open(sys.argv[1]))
+silent = sys.argv[2] == "1"
 sides = []  # NAME=qpn arguments: A, B (and A2, B2 with --srq)
 want = {}
-for arg in sys.argv[2:]:
+for arg in sys.argv[3:]:
     side, qpn = arg.split("=")
     sides.append(side)
     want[int(qpn)] = side
@@ -85,6 +91,10 @@ for side in sides:
     if qp["failovers"] < 1:
         why = qp.get("unprotected_reason") or ""
         print(f"stats: QP {side} has no failover" + (f" (unprotected: {why})" if why else ""))
+        ok = False
+    if silent and (qp["failbacks"] != 0 or qp["path"] != "standby"):
+        print(f"stats: QP {side} failed back {qp['failbacks']} time(s) onto the silently dead "
+              f"path (now on the {qp['path']} path)")
         ok = False
 sys.exit(0 if ok else 1)
 PY

@@ -91,6 +91,14 @@ FAKE_EXPORT int fake_verbs_set_flush_on_modify_only(int index, int enabled) {
   return 0;
 }
 
+FAKE_EXPORT int fake_verbs_set_retry_without_end_at_7(int index, int enabled) {
+  auto lock = fabric_lock();
+  Device* dev = device_at(index);
+  if (dev == nullptr) return -1;
+  dev->retry_without_end_at_7 = enabled != 0;
+  return 0;
+}
+
 FAKE_EXPORT void fake_verbs_progress(void) {
   auto lock = fabric_lock();
   progress_step_locked();
@@ -148,6 +156,7 @@ FAKE_EXPORT void fake_verbs_reset(void) {
     dev->delay_steps = 0;
     dev->recv_cqe_delay_steps = 0;
     dev->flush_on_modify_only = false;
+    dev->retry_without_end_at_7 = false;
     dev->stats = DeviceStats{};
   }
   for (Qp* qp : fabric().qps) qp->stats = QpStats{};

@@ -43,7 +43,8 @@ int fake_verbs_port_up(int device_index);
 
 /* Silent drop on/off: every packet to or from the device vanishes with no port event. Senders
  * count one transport try per progress step and fail with IBV_WC_RETRY_EXC_ERR once tries exceed
- * the QP's retry_cnt (so retry_cnt+1 tries; retry_cnt 0 fails in the posting call's own step). */
+ * the QP's retry_cnt (so retry_cnt+1 tries; retry_cnt 0 fails in the posting call's own step).
+ * A WR held on the wire by an injected delay (fake_verbs_set_delay) is lost the same way. */
 int fake_verbs_set_drop(int device_index, int enabled);
 
 /* Deliveries to or from the device are held for 'steps' progress steps (the larger of the two
@@ -61,6 +62,12 @@ int fake_verbs_set_recv_completion_delay(int device_index, unsigned steps);
  * again (ERR -> ERR), which flushes it. Models rxe, whose responder flushes a receive queue only
  * when it runs, and a move to ERR is what schedules it. Returns 0, or -1 for a bad index. */
 int fake_verbs_set_flush_on_modify_only(int device_index, int enabled);
+
+/* Retry without end at 7 on/off: a requester on the device whose QP has retry_cnt 7 retries a
+ * lost packet for ever and never completes it with IBV_WC_RETRY_EXC_ERR. Models rxe, which
+ * decrements the retry count only when it is not 7 (the IB spec counts 7 retries). Returns 0, or
+ * -1 for a bad index. */
+int fake_verbs_set_retry_without_end_at_7(int device_index, int enabled);
 
 /* Runs one progress step (same as what every post/poll call does). */
 void fake_verbs_progress(void);

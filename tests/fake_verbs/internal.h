@@ -103,6 +103,9 @@ struct Device {
   // A receive posted to a QP already in ERR waits in the queue until the QP is moved to ERR
   // again, like rxe (fake_verbs_set_flush_on_modify_only).
   bool flush_on_modify_only = false;
+  // A requester whose QP has retry_cnt 7 retries a lost packet without end, like rxe
+  // (fake_verbs_set_retry_without_end_at_7).
+  bool retry_without_end_at_7 = false;
   DeviceStats stats;
   std::vector<Context*> contexts;  // open contexts, to raise async events on
 };

@@ -157,6 +157,18 @@ void after_srq_consume(Qp* responder) {
   raise_async_event_locked(responder->ctx, ev);
 }
 
+// One try of the head WR lost on the wire: false while retries remain (it waits for the next
+// step), true once it failed with RETRY_EXC_ERR.
+bool lose_try(Qp* qp, SendWork& w) {
+  ++w.transport_tries;
+  ++qp->stats.transport_retries;
+  ++qp->ctx->device->stats.dropped_packets;
+  if (w.transport_tries <= qp->attr.retry_cnt) return false;
+  if (qp->attr.retry_cnt == 7 && qp->ctx->device->retry_without_end_at_7) return false;
+  fail_head_locked(qp, IBV_WC_RETRY_EXC_ERR);
+  return true;
+}
+
 // Executes the head WR of 'qp'. Returns true if it finished (either way), false if it must wait.
 bool execute_head(Qp* qp) {
   Fabric& f = fabric();
@@ -166,7 +178,13 @@ bool execute_head(Qp* qp) {
     fail_head_locked(qp, IBV_WC_RETRY_EXC_ERR);
     return true;
   }
-  if (f.step < w.ready_step) return false;  // injected delay still running
+  if (f.step < w.ready_step) {  // injected delay still running
+    // Held on the wire: lost like any packet once either end drops everything.
+    Device* remote_dev = nullptr;
+    resolve_remote(qp, &remote_dev);
+    if (local->drop || (remote_dev != nullptr && remote_dev->drop)) return lose_try(qp, w);
+    return false;
+  }
 
   // Local checks first, as hardware does before putting anything on the wire.
   std::vector<uint8_t> payload;
@@ -190,14 +208,7 @@ bool execute_head(Qp* qp) {
   bool path_alive = remote_dev != nullptr && !local->drop && !remote_dev->drop &&
                     remote_dev->port_up &&
                     (rstate == IBV_QPS_RTR || rstate == IBV_QPS_RTS || rstate == IBV_QPS_SQD);
-  if (!path_alive) {
-    ++w.transport_tries;
-    ++qp->stats.transport_retries;
-    ++local->stats.dropped_packets;
-    if (w.transport_tries <= qp->attr.retry_cnt) return false;
-    fail_head_locked(qp, IBV_WC_RETRY_EXC_ERR);
-    return true;
-  }
+  if (!path_alive) return lose_try(qp, w);
 
   // Responder.
   std::deque<RecvWork>& rq = receive_queue_of(r);
