@@ -242,11 +242,20 @@ ControlSession* ControlChannel::find(std::uint64_t id) {
 }
 
 ControlSession* ControlChannel::find_by_token(std::uint64_t token) {
-  ControlSession* best = nullptr;
+  // The session on the peer's first advertised address (its management network), else the
+  // newest (opened last, most likely on a working address). Never merely the newest: the first
+  // contact goes to an address from the QP's GID, a rail, and the peer's own first contact comes
+  // from one; a switch's request sent on a session over the rail that just died waits in TCP's
+  // queue until the peer's answer times out (seen in the lab under load).
+  ControlSession* newest = nullptr;
   for (auto& [id, session] : sessions_) {
-    if (session.hello_received && session.peer.process_token == token) best = &session;
+    if (!session.hello_received || session.peer.process_token != token) continue;
+    if (!session.peer.addresses.empty() && session.remote_address == session.peer.addresses.front()) {
+      return &session;
+    }
+    newest = &session;
   }
-  return best;  // the newest: opened last, most likely on a working address
+  return newest;
 }
 
 ControlSession* ControlChannel::find_by_endpoint(std::uint32_t address, std::uint16_t port) {

@@ -150,3 +150,44 @@ TEST_CASE("connect_async: a connection that never comes up is closed at its dead
         client_events.closed.end());
   CHECK(client.find(hanging[0]) == nullptr);
 }
+
+TEST_CASE("find_by_token: the session on the peer's first advertised address, even when newer ones exist") {
+  // The peer advertises 127.0.0.1 first (its "management" address) and is reached on it first,
+  // then on 127.0.0.2 (a "rail": the first contact of a QP goes to its GID's address). The newer
+  // session must not win: a rail may be the very thing that just died.
+  const std::uint32_t management = htonl(0x7f000001);
+  const std::uint32_t rail = htonl(0x7f000002);
+  vf::ControlChannel server, client;
+  std::string error;
+  REQUIRE(server.listen(18690, 18699, error));
+  vf::Hello server_hello = hello_of(1);
+  server_hello.addresses = {management, rail};
+  server.set_hello(server_hello);
+  client.set_hello(hello_of(2));
+  const std::uint64_t first = client.connect_async(management, server.port(), 2000, error);
+  REQUIRE(first != 0);
+  Events server_events, client_events;
+  auto hellos_from_server = [&] {
+    return std::count_if(client_events.messages.begin(), client_events.messages.end(),
+                         [](const vf::ControlMessage& m) { return std::holds_alternative<vf::Hello>(m); });
+  };
+  for (int round = 0; round < 100 && hellos_from_server() < 1; ++round) {
+    pump(server, server_events, client, client_events);
+  }
+  REQUIRE(hellos_from_server() == 1);
+  const std::uint64_t second = client.connect_async(rail, server.port(), 2000, error);
+  REQUIRE(second != 0);
+  for (int round = 0; round < 100 && hellos_from_server() < 2; ++round) {
+    pump(server, server_events, client, client_events);
+  }
+  REQUIRE(hellos_from_server() == 2);
+  vf::ControlSession* chosen = client.find_by_token(server_hello.process_token);
+  REQUIRE(chosen != nullptr);
+  CHECK(chosen->id == first);
+  CHECK(chosen->remote_address == management);
+  // Without it, the newest.
+  client.close(first);
+  chosen = client.find_by_token(server_hello.process_token);
+  REQUIRE(chosen != nullptr);
+  CHECK(chosen->id == second);
+}
