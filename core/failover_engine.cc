@@ -1618,6 +1618,8 @@ void start_switch(Protection& p, int target, FailoverReason reason) {
   if (p.sw.peer_known) finish_switch(p);
 }
 
+void hold_down_if_silent(Protection& p, int path, std::uint64_t now, bool seen_by_peer);
+
 void handle_failover(const QpKey& ours, std::uint64_t delivered, std::uint32_t epoch,
                      std::uint8_t target, bool is_request, FailoverReason reason) {
   Protection* p = protection_by_key(ours);
@@ -1640,7 +1642,12 @@ void handle_failover(const QpKey& ours, std::uint64_t delivered, std::uint32_t e
                 p->qp->vqpn);
     return;
   }
-  // The peer switches: so do we, whatever our ports say (its side of the path failed).
+  // The peer switches: so do we, whatever our ports say (its side of the path failed). If it saw
+  // the path fail silently, this end holds it down too: the two ends then hold and lengthen their
+  // holds together, whichever of them sees the next silent failure first.
+  if (reason == FailoverReason::kErrorCompletion) {
+    hold_down_if_silent(*p, p->qp->active_path(), monotonic_ns(), true);
+  }
   if (SrqGroup* group = group_of(*p->qp)) {
     return switch_srq_group(*group, target, reason, p, epoch, delivered);
   }
@@ -1685,9 +1692,10 @@ bool port_active(int device, std::uint8_t port) {
   return engine().devices[device].ports[port].state == IBV_PORT_ACTIVE;
 }
 
-// The active path failed with error completions: if its port is ACTIVE nothing local explains
-// it, and it is held down before its re-arm (HoldDown).
-void hold_down_if_silent(Protection& p, int path, std::uint64_t now) {
+// The active path failed with error completions (seen here, or by the peer, which asks for the
+// switch): if its port is ACTIVE nothing local explains it, and it is held down before its re-arm
+// (HoldDown).
+void hold_down_if_silent(Protection& p, int path, std::uint64_t now, bool seen_by_peer) {
   const PhysicalPath& physical = p.qp->path[path];
   if (!port_active(physical.device_index, physical.port)) return;
   HoldDown& hold = p.hold[path];
@@ -1695,9 +1703,10 @@ void hold_down_if_silent(Protection& p, int path, std::uint64_t now) {
       hold.restored_ns != 0 && now - hold.restored_ns < kStableAfterRearmNs && hold.period_ns != 0;
   hold.period_ns = soon_after_rearm ? std::min(hold.period_ns * 2, kMaxHoldDownNs) : kFirstHoldDownNs;
   hold.until_ns = now + hold.period_ns;
-  VF_LOG_INFO("qp {}: its {} path failed with its port ACTIVE (a silent failure beyond the port); "
-              "it is not re-armed for {} s{}",
-              p.qp->vqpn, path_name(path), hold.period_ns / 1'000'000'000,
+  VF_LOG_INFO("qp {}: its {} path failed with its port ACTIVE (a silent failure beyond the port, "
+              "seen by {}); it is not re-armed for {} s{}",
+              p.qp->vqpn, path_name(path), seen_by_peer ? "the peer" : "this side",
+              hold.period_ns / 1'000'000'000,
               soon_after_rearm ? " (it failed again soon after its last re-arm)" : "");
 }
 
@@ -2065,7 +2074,7 @@ void periodic_work() {
     if (p.destroyed) continue;
     VirtualQp& v = *p.qp;
     if (v.link_error_seen.load(std::memory_order_relaxed) && !p.sw.in_progress) {
-      hold_down_if_silent(p, v.active_path(), now);
+      hold_down_if_silent(p, v.active_path(), now, false);
       v.path[v.active_path()].failed = true;
       start_switch(p, other_path(v.active_path()), FailoverReason::kErrorCompletion);
       v.link_error_seen.store(false);
