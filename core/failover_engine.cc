@@ -306,6 +306,7 @@ struct Engine {
   std::uint64_t next_stats_ns = 0;
   std::uint64_t rearm_retry_ns = kRearmRetryNs;
   std::uint64_t resume_late_ns = kResumeLateNs;
+  std::uint64_t first_hold_down_ns = kFirstHoldDownNs;
   std::thread::id engine_thread;
 };
 
@@ -1618,13 +1619,24 @@ void start_switch(Protection& p, int target, FailoverReason reason) {
   if (p.sw.peer_known) finish_switch(p);
 }
 
-void hold_down_if_silent(Protection& p, int path, std::uint64_t now, bool seen_by_peer);
+bool hold_down_if_silent(Protection& p, int path, std::uint64_t now, bool seen_by_peer);
 
 void handle_failover(const QpKey& ours, std::uint64_t delivered, std::uint32_t epoch,
                      std::uint8_t target, bool is_request, FailoverReason reason) {
   Protection* p = protection_by_key(ours);
   if (p == nullptr) return;
   SwitchState& sw = p->sw;
+  if (is_request && reason == FailoverReason::kPortDown) {
+    // The peer's port went down: what this side saw fail on the path (its requests' retries
+    // running out, its own port ACTIVE) is explained, and a hold it took for a silent failure
+    // would outlast the port's return. Requests may cross: this side may have switched first.
+    const int path = sw.in_progress ? sw.from : other_path(p->qp->active_path());
+    if (p->hold[path].until_ns != 0) {
+      VF_LOG_INFO("qp {}: the peer's port went down: its {} path is no longer held down", p->qp->vqpn,
+                  path_name(path));
+      p->hold[path] = HoldDown{};
+    }
+  }
   if (sw.in_progress && sw.epoch == epoch) {
     sw.peer_known = true;
     sw.peer_count = delivered;
@@ -1695,19 +1707,33 @@ bool port_active(int device, std::uint8_t port) {
 // The active path failed with error completions (seen here, or by the peer, which asks for the
 // switch): if its port is ACTIVE nothing local explains it, and it is held down before its re-arm
 // (HoldDown).
-void hold_down_if_silent(Protection& p, int path, std::uint64_t now, bool seen_by_peer) {
+bool hold_down_if_silent(Protection& p, int path, std::uint64_t now, bool seen_by_peer) {
   const PhysicalPath& physical = p.qp->path[path];
-  if (!port_active(physical.device_index, physical.port)) return;
+  // Asked of the device, not the cached state: a port going down fails the requests before its
+  // event is read, and a hold for a port that is down would outlast the port's return.
+  ibv_port_attr attr{};
+  const bool active =
+      ibv_query_port(engine().devices[physical.device_index].context, physical.port, &attr) == 0
+          ? attr.state == IBV_PORT_ACTIVE
+          : port_active(physical.device_index, physical.port);
+  if (!active) return false;
   HoldDown& hold = p.hold[path];
   const bool soon_after_rearm =
       hold.restored_ns != 0 && now - hold.restored_ns < kStableAfterRearmNs && hold.period_ns != 0;
-  hold.period_ns = soon_after_rearm ? std::min(hold.period_ns * 2, kMaxHoldDownNs) : kFirstHoldDownNs;
+  hold.period_ns = soon_after_rearm ? std::min(hold.period_ns * 2, kMaxHoldDownNs)
+                                    : engine().first_hold_down_ns;
   hold.until_ns = now + hold.period_ns;
   VF_LOG_INFO("qp {}: its {} path failed with its port ACTIVE (a silent failure beyond the port, "
-              "seen by {}); it is not re-armed for {} s{}",
+              "seen by {}); it is not re-armed for {:.1f} s{}",
               p.qp->vqpn, path_name(path), seen_by_peer ? "the peer" : "this side",
-              hold.period_ns / 1'000'000'000,
+              static_cast<double>(hold.period_ns) / 1e9,
               soon_after_rearm ? " (it failed again soon after its last re-arm)" : "");
+  // One path left for the hold (its re-arm says "protected again").
+  set_unprotected(p, fmt::format("its {} path failed silently and is held down for {:.1f} s; "
+                                 "running on the {} path alone",
+                                 path_name(path), static_cast<double>(hold.period_ns) / 1e9,
+                                 path_name(other_path(path))));
+  return true;
 }
 
 bool held_down(const Protection& p, int path, std::uint64_t now) {
@@ -1929,7 +1955,7 @@ void on_port_change(int device, std::uint8_t port, ibv_port_state state) {
         }
         if (p.paired && idle) send_path_status(p, path, false);
       } else if (p.paired && v.active_path() != path) {
-        p.hold[path].until_ns = 0;  // a port event: whatever failed may have been repaired
+        p.hold[path] = HoldDown{};  // a port event: whatever failed may have been repaired
         if (!p.rearm[path].needed && v.path[path].connected) {
           // The port blinked while the path idled: its QP may be in error; re-arm it anyway.
           p.rearm[path].needed = true;
@@ -2074,9 +2100,12 @@ void periodic_work() {
     if (p.destroyed) continue;
     VirtualQp& v = *p.qp;
     if (v.link_error_seen.load(std::memory_order_relaxed) && !p.sw.in_progress) {
-      hold_down_if_silent(p, v.active_path(), now, false);
+      // The peer is told "error completion" only for a silent failure (it then holds the path
+      // down too); errors of a port that is down are that port's failure.
+      const bool silent = hold_down_if_silent(p, v.active_path(), now, false);
       v.path[v.active_path()].failed = true;
-      start_switch(p, other_path(v.active_path()), FailoverReason::kErrorCompletion);
+      start_switch(p, other_path(v.active_path()),
+                   silent ? FailoverReason::kErrorCompletion : FailoverReason::kPortDown);
       v.link_error_seen.store(false);
     }
     if (p.start_pairing_pending) {
@@ -3136,6 +3165,12 @@ void FailoverEngine::write_stats(const char* reason) {
   if (!write_file_atomically(e.config.stats_file, render_stats_json(snapshot), error)) {
     VF_LOG_WARN("stats: {}", error);
   }
+}
+
+void FailoverEngine::set_first_hold_down(std::uint64_t nanoseconds) {
+  Engine& e = engine();
+  std::lock_guard lock(e.mutex);
+  e.first_hold_down_ns = nanoseconds;
 }
 
 void FailoverEngine::set_resume_late(std::uint64_t nanoseconds) {

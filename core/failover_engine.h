@@ -79,6 +79,8 @@ class FailoverEngine {
   // How long after a switch with work outstanding, and no completion since, the engine
   // describes both paths in its log (default 5 s). For tests (verbs_failover_debug_*).
   void set_resume_late(std::uint64_t nanoseconds);
+  // The first hold-down of a path that failed silently (default 10 s). For tests.
+  void set_first_hold_down(std::uint64_t nanoseconds);
   // fork(): the child has no engine thread and must not use the parent's objects.
   void forget_after_fork();
   void lock_for_fork();

@@ -57,3 +57,11 @@ VF_EXPORT int verbs_failover_debug_set_resume_late_ms(unsigned int milliseconds)
   vf::FailoverEngine::instance().set_resume_late(std::uint64_t{milliseconds} * 1'000'000);
   return 0;
 }
+
+// Sets the first hold-down of a path that failed silently (milliseconds, > 0; default 10 s): a
+// test shortens it to see the path re-armed and taken back once repaired. Returns 0, or -1 for 0.
+VF_EXPORT int verbs_failover_debug_set_hold_down_ms(unsigned int milliseconds) {
+  if (milliseconds == 0) return -1;
+  vf::FailoverEngine::instance().set_first_hold_down(std::uint64_t{milliseconds} * 1'000'000);
+  return 0;
+}

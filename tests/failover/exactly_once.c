@@ -1380,6 +1380,8 @@ static int late_resume_logged(void) { return shim_log_has(g_late_line, "1 reques
 static void scenario_rnr_stall(void) {
   int (*set_late_ms)(unsigned) =
       (int (*)(unsigned))dlsym(RTLD_DEFAULT, "verbs_failover_debug_set_resume_late_ms");
+  if (set_late_ms == NULL && getenv("LD_PRELOAD") != NULL)
+    setup_fail("the shim is preloaded but verbs_failover_debug_set_resume_late_ms is missing");
   if (set_late_ms == NULL)
     printf("no shim: the late-resume line is not looked for\n");
   else if (set_late_ms(200) != 0)
@@ -1626,6 +1628,40 @@ static void scenario_standby_blink(void) {
   post_op(&g_a, IBV_WR_RDMA_WRITE_WITH_IMM, 200, SIG, 0x5bf0);
   post_op(&g_b, IBV_WR_SEND_WITH_IMM, 150, SIG, 0x5bf1);
   wait_for(all_done, POLL_BOTH, "the traffic posted after the cut");
+}
+
+/* A silent cut that is repaired: fake0 drops everything (no port event), the shims switch on
+   RETRY_EXC and hold fake0's path down (here for 300 ms instead of 10 s) and say both QPs are
+   unprotected meanwhile; fake0 is repaired; once the hold ends the path is re-armed, both QPs are
+   protected again and fail back; traffic then runs on it. A hold that never ended, or a re-arm
+   that never came, leaves the QPs unprotected past the wait. */
+static void scenario_silent_cut_repaired(void) {
+  g_qp_protected = (qp_protected_fn)dlsym(RTLD_DEFAULT, "verbs_failover_debug_qp_protected");
+  int (*set_hold_ms)(unsigned) =
+      (int (*)(unsigned))dlsym(RTLD_DEFAULT, "verbs_failover_debug_set_hold_down_ms");
+  if (g_qp_protected == NULL || set_hold_ms == NULL) {
+    g_qp_protected = NULL;
+    printf("no shim: the hold-down is not observed\n");
+  } else if (set_hold_ms(300) != 0) {
+    setup_fail("verbs_failover_debug_set_hold_down_ms(300)");
+  }
+  g_silent_cut = 1;
+  setup(48, 48);
+  warmup();
+  do_cut();
+  post_op(&g_a, IBV_WR_RDMA_WRITE, 600, 0, 0);
+  post_op(&g_a, IBV_WR_RDMA_WRITE_WITH_IMM, 90, SIG, 0x7a01);
+  post_op(&g_b, IBV_WR_SEND, 70, SIG, 0);
+  if (wait_for(all_done, POLL_BOTH, "the traffic posted after the silent cut") != 0) return;
+  const struct protection_want held[2] = {{&g_a, 0, "held down"}, {&g_b, 0, "held down"}};
+  if (wait_protection(held, 2, "both QPs say their primary is held down") != 0) return;
+  printf("repair: fake0 stops dropping\n");
+  if (fv.set_drop(0, 0) != 0) setup_fail("fake_verbs_set_drop(0, 0)");
+  const struct protection_want back[2] = {{&g_a, 1, NULL}, {&g_b, 1, NULL}};
+  if (wait_protection(back, 2, "A and B are protected again") != 0) return;
+  post_op(&g_a, IBV_WR_RDMA_WRITE_WITH_IMM, 110, SIG, 0x7a02);
+  post_op(&g_b, IBV_WR_SEND_WITH_IMM, 50, SIG, 0x7a03);
+  wait_for(all_done, POLL_BOTH, "the traffic after the repair");
 }
 
 /* No cut at all: a sanity run of the traffic (and, with --srq, of the SRQ stream) and of the
@@ -2027,6 +2063,7 @@ static const struct scenario kScenarios[] = {
     {"inline", scenario_inline},
     {"rnr", scenario_rnr},
     {"rnr_stall", scenario_rnr_stall},
+    {"silent_cut_repaired", scenario_silent_cut_repaired},
     {"full_sq", scenario_full_sq},
     {"full_sq_after_switch", scenario_full_sq_after_switch},
     {"failback_in_flight", scenario_failback_in_flight},
