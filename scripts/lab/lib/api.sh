@@ -65,6 +65,12 @@ on() { _start on "$@"; }
 # VERBS_FAILOVER_STATS=$SCEN_DIR/HOST/stats.HOST.NAME.%p.json.
 app() { _start app "$@"; }
 
+# shim_log_count HOST NAME REGEX: lines (extended regex) matching in the shim logs of the job app()
+# started as NAME (one per process it ran), 0 when there are none.
+shim_log_count() {
+  cat "$SCEN_DIR/$1/$2".vf.*.log 2>/dev/null | grep -Ec -- "$3" || true
+}
+
 # Sets _ID (a command substitution could not stop the scenario on an unknown job).
 _job_id() {
   _ID=${SCEN_JOB[$1:$2]:-}

@@ -66,9 +66,7 @@ nccl_check_pass() {
 # nccl_protected HOST JOB: the process's shim logged each of its 5 QPs (2 per connection, and the
 # flush QP) protected.
 nccl_protected() {
-  local n
-  n=$(cat "$SCEN_DIR/$1/$2".vf.*.log 2>/dev/null | grep -c 'protected — standby qp' || true)
-  ((n >= 5))
+  (($(shim_log_count "$1" "$2" 'protected — standby qp') >= 5))
 }
 
 # nccl_wait_protected TIMEOUT: every process's QPs are protected (pairing runs in the background

@@ -27,16 +27,11 @@ source "$LAB_DIR/scenarios/_nccl_pattern_ring.sh"
 HEAL_ITERS=${VF_HEAL_NCCL_ITERS:-300}  # x 128 KiB per ring: 40-190 s under emulation
 HEAL_STEP=60                           # bound, in seconds, for each shim step to show in its log
 
-# heal_count HOST JOB REGEX: lines of the job's shim logs matching REGEX.
-heal_count() {
-  cat "$SCEN_DIR/$1/$2".vf.*.log 2>/dev/null | grep -Ec -- "$3" || true
-}
-
 # heal_done HOST JOB DONE_REGEX [BEGIN_REGEX]: at least one DONE line, and as many as BEGIN lines.
 heal_done() {
   local finished begin=0
-  finished=$(heal_count "$1" "$2" "$3")
-  [[ -z ${4:-} ]] || begin=$(heal_count "$1" "$2" "$4")
+  finished=$(shim_log_count "$1" "$2" "$3")
+  [[ -z ${4:-} ]] || begin=$(shim_log_count "$1" "$2" "$4")
   ((finished >= 1 && finished >= begin))
 }
 
@@ -48,8 +43,8 @@ heal_wait() {
   for j in "$@"; do
     if ! wait_for "$HEAL_STEP" heal_done "${j%%:*}" "${j#*:}" "$finished" "$begin"; then
       local seen wanted=1
-      seen=$(heal_count "${j%%:*}" "${j#*:}" "$finished")
-      [[ -z $begin ]] || wanted=$(heal_count "${j%%:*}" "${j#*:}" "$begin")
+      seen=$(shim_log_count "${j%%:*}" "${j#*:}" "$finished")
+      [[ -z $begin ]] || wanted=$(shim_log_count "${j%%:*}" "${j#*:}" "$begin")
       note "$j: $what not seen within $HEAL_STEP s ($seen line(s) of at least $wanted)"
       return 1
     fi
