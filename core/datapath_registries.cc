@@ -9,8 +9,13 @@ namespace vf::datapath_registries {
 static_assert(std::is_trivially_destructible_v<VirtualQpRegistry>);
 static_assert(std::is_trivially_destructible_v<QpnRegistry>);
 static_assert(std::is_trivially_destructible_v<CqRegistry>);
+static_assert(std::is_trivially_destructible_v<SrqRegistry>);
+static_assert(std::is_trivially_destructible_v<KeyRegistry>);
 constinit VirtualQpRegistry qps_by_address;
 constinit QpnRegistry qps_by_qpn;
 constinit CqRegistry cqs_by_address;
+constinit SrqRegistry srqs_by_address;
+constinit KeyRegistry lkeys;
+constinit KeyRegistry rkeys;
 
 }  // namespace vf::datapath_registries

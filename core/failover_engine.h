@@ -3,7 +3,8 @@
 // control channel, the switch protocol (drain, exchange delivered counts, replay), re-arming a
 // path that came back, failback, and the stats file. It runs on one thread of its own; the
 // shim's hooks call the on_* functions from the application's threads (control path only) and
-// reach the data path through the VirtualQp and CqState records it registers.
+// reach the data path through the VirtualQp and CqState records it registers. This class is the
+// API only: the work is done by the rooms of core/failover/ (docs/design.md §5 has their map).
 #pragma once
 
 #include <infiniband/verbs.h>

@@ -12,6 +12,7 @@ struct VerbsApi {
   void (*free_device_list)(ibv_device** list) = nullptr;
   ibv_context* (*open_device)(ibv_device* device) = nullptr;
   int (*query_device)(ibv_context* context, ibv_device_attr* attr) = nullptr;
+  int (*query_port)(ibv_context* context, uint8_t port, ibv_port_attr* attr) = nullptr;
   int (*query_gid)(ibv_context* context, uint8_t port, int index, ibv_gid* gid) = nullptr;
   ibv_pd* (*alloc_pd)(ibv_context* context) = nullptr;
   int (*dealloc_pd)(ibv_pd* pd) = nullptr;

@@ -1,7 +1,7 @@
 // The virtual objects of failover (docs/design.md §5): a VirtualQp is the application's RC QP
 // seen as a pair of physical paths, a CqState is the application's CQ with its shadow on the
 // backup device. This header holds their state and the data-path operations (post, poll), which
-// run on the application's threads; the engine (failover_engine.cc) drives pairing and switching
+// run on the application's threads; the engine (core/failover/) drives pairing and switching
 // from its own thread through the same locks.
 //
 // Locking: each VirtualQp and each CqState has its own SpinLock (never one shared by QPs). Order:

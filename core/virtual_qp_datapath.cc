@@ -2,7 +2,7 @@
 // ibv_post_send, ibv_post_recv, ibv_poll_cq and the ibv_wr_* API. Healthy primary: record in the
 // ring, then the provider's own call with the application's request (no copy of the request
 // is posted, no allocation, no syscall). During and after a switch, requests are posted from the
-// ring with the standby path's keys. The control side (pairing, switching) is failover_engine.cc.
+// ring with the standby path's keys. The control side (pairing, switching) is core/failover/.
 
 #include <sys/eventfd.h>
 

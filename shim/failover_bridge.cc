@@ -20,6 +20,12 @@ const ibv_context_ops* provider_ops(ibv_context* context) {
   return record != nullptr ? &record->ops : &context->ops;
 }
 
+// libibverbs' inline ibv_query_port: the context's own query_port (the engine's contexts are its
+// own, not the application's whose functions the shim replaced), as port_monitor.cc asks.
+int inline_query_port(ibv_context* context, uint8_t port, ibv_port_attr* attr) {
+  return ibv_query_port(context, port, attr);
+}
+
 int real_query_gid(ibv_context* context, uint8_t port, int index, ibv_gid* gid) {
   return real_verbs().ibv_query_gid(context, port, index, gid);
 }
@@ -46,6 +52,7 @@ void configure_failover(const Config& config) {
   verbs.free_device_list = real.ibv_free_device_list;
   verbs.open_device = real.ibv_open_device;
   verbs.query_device = real.ibv_query_device;
+  verbs.query_port = inline_query_port;
   verbs.query_gid = real_query_gid;
   verbs.alloc_pd = real.ibv_alloc_pd;
   verbs.dealloc_pd = real.ibv_dealloc_pd;

@@ -1,0 +1,154 @@
+#include "core/failover/cq_shadows.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <string.h>
+#include <sys/eventfd.h>
+
+#include <algorithm>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/clock.h"
+#include "core/failover/devices.h"
+#include "core/log.h"
+#include "core/verbs_names.h"
+
+namespace vf::failover {
+
+void cq_created(Engine& e, ibv_cq* cq, ibv_comp_channel* channel) {
+  if (!engine_running(e) || cq == nullptr) return;
+  const int device = device_of_context(e, cq->context);
+  if (device < 0) return;
+  const ibv_context_ops* ops = e.verbs.provider_ops(cq->context);
+  auto state =
+      std::make_unique<CqState>(cq, device, ops, static_cast<std::uint32_t>(2 * cq->cqe + 64));
+  state->app_channel = channel;
+  if (!datapath_registries::cqs_by_address.insert(cq, state.get())) return;
+  e.cqs[cq] = std::move(state);
+}
+
+void cq_destroying(Engine& e, ibv_cq* cq) {
+  auto it = e.cqs.find(cq);
+  if (it == e.cqs.end()) return;
+  CqState* state = it->second.get();
+  for (auto& [key, p] : e.protections) {
+    // A QP still uses it: the provider refuses the destroy (EBUSY) and the CQ lives on.
+    if (!p.destroyed && (p.qp->send_cq == state || p.qp->recv_cq == state)) return;
+  }
+  datapath_registries::cqs_by_address.erase(cq);
+  state->lock.lock();  // no poller is inside any more
+  state->lock.unlock();
+  if (state->shadow != nullptr) e.verbs.destroy_cq(state->shadow);
+  for (auto& [ptr, channel] : e.channels) {
+    std::erase(channel.cqs, state);
+  }
+  // The record itself stays: a thread that read the registry just before the erase may still
+  // hold it (CQ destruction is rare; the few bytes are not worth a use-after-free).
+  it->second.release();
+  e.cqs.erase(it);
+}
+
+void cq_resized(Engine& e, ibv_cq* cq) {
+  auto it = e.cqs.find(cq);
+  if (it == e.cqs.end()) return;
+  CqState& state = *it->second;
+  // The shadow must hold as many completions as the application's CQ now does, and the stash
+  // twice as many (what a switch drains into it).
+  if (state.shadow != nullptr && e.verbs.resize_cq != nullptr &&
+      e.verbs.resize_cq(state.shadow, cq->cqe) != 0) {
+    VF_LOG_WARN("cq {}: resizing its shadow to {} failed; a switch may overflow it",
+                static_cast<const void*>(cq), cq->cqe);
+  }
+  state.lock.lock();
+  state.stash.grow(static_cast<std::uint32_t>(2 * cq->cqe + 64));
+  state.lock.unlock();
+}
+
+bool ensure_shadow(Engine& e, CqState& state, int backup_device) {
+  if (state.shadow != nullptr) return state.shadow_device_index == backup_device;
+  ibv_comp_channel* shadow_channel = nullptr;
+  if (state.app_channel != nullptr) {
+    ChannelState& channel = e.channels[state.app_channel];
+    if (channel.app_channel == nullptr) {
+      channel.app_channel = state.app_channel;
+      channel.wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    }
+    if (channel.shadow_channel == nullptr) {
+      channel.shadow_channel = e.verbs.create_comp_channel(e.devices[backup_device].context);
+      if (channel.shadow_channel == nullptr) return false;
+      wake_engine(e);
+    }
+    shadow_channel = channel.shadow_channel;
+    channel.cqs.push_back(&state);
+    state.wake_fd = channel.wake_fd;
+  }
+  state.shadow = e.verbs.create_cq(e.devices[backup_device].context, state.app_cq->cqe, nullptr,
+                                   shadow_channel, 0);
+  if (state.shadow == nullptr) return false;
+  state.shadow_device_index = backup_device;
+  state.shadow_channel = shadow_channel;
+  if (shadow_channel != nullptr) ibv_req_notify_cq(state.shadow, 0);
+  return true;
+}
+
+int get_cq_event(Engine& e, ibv_comp_channel* channel, ibv_cq** cq, void** cq_context) {
+  int wake_fd = -1;
+  std::vector<CqState*> cqs;
+  {
+    std::lock_guard lock(e.mutex);
+    auto it = e.channels.find(channel);
+    if (it == e.channels.end() || it->second.shadow_channel == nullptr) return -2;
+    wake_fd = it->second.wake_fd;
+    cqs = it->second.cqs;
+  }
+  for (;;) {
+    for (CqState* state : cqs) {
+      std::uint32_t pending = state->shadow_events_pending.load();
+      while (pending > 0 &&
+             !state->shadow_events_pending.compare_exchange_weak(pending, pending - 1)) {
+      }
+      if (pending > 0) {
+        state->shadow_events_unacked.fetch_add(1);
+        *cq = state->app_cq;
+        *cq_context = state->app_cq->cq_context;
+        return 0;
+      }
+    }
+    pollfd fds[2] = {{channel->fd, POLLIN, 0}, {wake_fd, POLLIN, 0}};
+    const bool blocking = !(fcntl(channel->fd, F_GETFL) & O_NONBLOCK);
+    const int ready = ::poll(fds, 2, blocking ? -1 : 0);
+    if (ready < 0 && errno == EINTR) continue;
+    if (fds[1].revents & POLLIN) {
+      eventfd_t ignored = 0;
+      eventfd_read(wake_fd, &ignored);
+      continue;
+    }
+    if (fds[0].revents & POLLIN || !blocking) return -2;  // the real event (or EAGAIN) is next
+  }
+}
+
+unsigned int ack_cq_events(ibv_cq* cq, unsigned int nevents) {
+  CqState* state = find_cq_state(cq);
+  if (state == nullptr) return nevents;
+  std::uint32_t unacked = state->shadow_events_unacked.load();
+  for (;;) {
+    const std::uint32_t take = std::min<std::uint32_t>(unacked, nevents);
+    if (state->shadow_events_unacked.compare_exchange_weak(unacked, unacked - take)) {
+      return nevents - take;
+    }
+  }
+}
+
+void req_notify(ibv_cq* cq, int solicited_only) {
+  CqState* state = find_cq_state(cq);
+  if (state == nullptr) return;
+  state->notify_armed.store(true);
+  if (state->shadow == nullptr || state->shadow_channel == nullptr) return;
+  ibv_req_notify_cq(state->shadow, solicited_only);
+}
+
+}  // namespace vf::failover

@@ -1,0 +1,29 @@
+// CQs and completion channels: the record of each application CQ (CqState, the data path's), its
+// shadow CQ on the backup device with a shadow completion channel when the application's CQ has
+// one, and ibv_get_cq_event / ibv_ack_cq_events / ibv_req_notify_cq on such channels.
+#pragma once
+
+#include "core/failover/engine_state.h"
+
+namespace vf::failover {
+
+// Entry points (FailoverEngine, engine mutex held): after ibv_create_cq, before ibv_destroy_cq
+// (the shadow goes first), after a successful ibv_resize_cq.
+void cq_created(Engine& e, ibv_cq* cq, ibv_comp_channel* channel);
+void cq_destroying(Engine& e, ibv_cq* cq);
+void cq_resized(Engine& e, ibv_cq* cq);
+
+// The shadow CQ of an application CQ on the backup device (with a shadow completion channel
+// when the application's CQ has one). False if it cannot be had there.
+bool ensure_shadow(Engine& e, CqState& state, int backup_device);
+
+// ibv_get_cq_event on a channel with shadow CQs: waits on both, returns like the real one; -2
+// when the channel is not the engine's business. Takes the engine mutex itself, briefly: the
+// wait is without it.
+int get_cq_event(Engine& e, ibv_comp_channel* channel, ibv_cq** cq, void** cq_context);
+// How many of nevents belong to the application's CQ (the rest were shadow events). Lock-free.
+unsigned int ack_cq_events(ibv_cq* cq, unsigned int nevents);
+// ibv_req_notify_cq: also arms the shadow. Lock-free.
+void req_notify(ibv_cq* cq, int solicited_only);
+
+}  // namespace vf::failover

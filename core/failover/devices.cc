@@ -1,0 +1,142 @@
+#include "core/failover/devices.h"
+
+#include <errno.h>
+#include <string.h>
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/clock.h"
+#include "core/device_pairs.h"
+#include "core/log.h"
+#include "core/verbs_names.h"
+
+namespace vf::failover {
+
+Gid gid_of(const ibv_gid& gid) {
+  Gid out{};
+  std::memcpy(out.data(), gid.raw, out.size());
+  return out;
+}
+
+ibv_gid to_ibv_gid(const Gid& gid) {
+  ibv_gid out{};
+  std::memcpy(out.raw, gid.data(), gid.size());
+  return out;
+}
+
+int device_of_context(Engine& e, const ibv_context* context) {
+  for (int i = 0; i < e.device_count; ++i) {
+    if (e.devices[i].device == context->device ||
+        std::strcmp(e.devices[i].name.c_str(), context->device->name) == 0) {
+      return i;
+    }
+  }
+  return -1;
+}
+
+int standby_gid_index(Engine& e, int device, std::uint8_t port, Gid* gid) {
+  int fallback = -1;
+  Gid fallback_gid{};
+  for (int index = 0; index < kMaxGidScan; ++index) {
+    ibv_gid raw{};
+    if (e.verbs.query_gid(e.devices[device].context, port, index, &raw) != 0) break;
+    const Gid candidate = gid_of(raw);
+    if (std::all_of(candidate.begin(), candidate.end(), [](std::uint8_t b) { return b == 0; })) {
+      continue;
+    }
+    if (ipv4_of_gid(candidate) != 0) {
+      *gid = candidate;
+      return index;
+    }
+    if (fallback < 0) {
+      fallback = index;
+      fallback_gid = candidate;
+    }
+  }
+  *gid = fallback_gid;
+  return fallback < 0 ? 0 : fallback;
+}
+
+void discover_devices(Engine& e) {
+  int count = 0;
+  ibv_device** list = e.verbs.get_device_list(&count);
+  if (list == nullptr) return;
+  std::vector<PortInfo> ports;
+  for (int i = 0; i < count && e.device_count < kMaxDevices; ++i) {
+    Device& d = e.devices[e.device_count];
+    d.name = list[i]->name;
+    d.device = list[i];
+    d.context = e.verbs.open_device(list[i]);
+    if (d.context == nullptr) {
+      VF_LOG_WARN("failover: cannot open {} ({}); it is neither protected nor a backup", d.name,
+                  strerror(errno));
+      continue;
+    }
+    ibv_device_attr attr{};
+    if (e.verbs.query_device(d.context, &attr) == 0) {
+      d.port_count = std::min<std::uint8_t>(attr.phys_port_cnt, kMaxPorts);
+      d.max_qp_rd_atom = std::max(1, attr.max_qp_rd_atom);
+    }
+    for (std::uint8_t port = 1; port <= d.port_count; ++port) {
+      ibv_port_attr port_attr{};
+      if (e.verbs.query_port(d.context, port, &port_attr) != 0) continue;
+      d.ports[port].state = port_attr.state;
+      d.ports[port].link_layer = port_attr.link_layer;
+      d.ports[port].active_mtu = port_attr.active_mtu;
+      ports.push_back({d.name, port, port_attr.state == IBV_PORT_ACTIVE, port_attr.link_layer});
+    }
+    ++e.device_count;
+  }
+  // The device list stays allocated: ibv_device pointers must outlive the contexts.
+  std::vector<PairingRule> rules;
+  if (!e.config.pairs.empty()) {
+    PairsParseResult parsed = parse_device_pairs(e.config.pairs);
+    for (const std::string& problem : parsed.problems) VF_LOG_WARN("{}", problem);
+    rules = parsed.rules;
+  } else {
+    rules = automatic_pairs(ports);
+  }
+  for (int i = 0; i < e.device_count; ++i) {
+    Device& d = e.devices[i];
+    for (std::uint8_t port = 1; port <= d.port_count; ++port) {
+      std::optional<PortRef> backup = backup_for(rules, PortRef{d.name, port});
+      int backup_device = -1;
+      if (backup) {
+        for (int j = 0; j < e.device_count; ++j) {
+          if (e.devices[j].name == backup->device && backup->port <= e.devices[j].port_count) {
+            backup_device = j;
+          }
+        }
+      }
+      if (backup_device < 0 || (backup_device == i && backup->port == port)) {
+        VF_LOG_WARN(
+            "failover: {}/{} has no usable backup port{}; its QPs run unprotected "
+            "(pass-through)",
+            d.name, port, backup ? fmt::format(" ({} not found)", backup->device) : "");
+        continue;
+      }
+      d.ports[port].backup_device = backup_device;
+      d.ports[port].backup_port = backup->port;
+      VF_LOG_INFO("failover: {}/{} is backed up by {}/{}", d.name, port,
+                  e.devices[backup_device].name, backup->port);
+    }
+  }
+}
+
+bool gid_of_port(Engine& e, int device, std::uint8_t port, const Gid& gid) {
+  for (int index = 0; index < kMaxGidScan; ++index) {
+    ibv_gid raw{};
+    if (e.verbs.query_gid(e.devices[device].context, port, index, &raw) != 0) return false;
+    if (gid_of(raw) == gid) return true;
+  }
+  return false;
+}
+
+bool port_active(Engine& e, int device, std::uint8_t port) {
+  return e.devices[device].ports[port].state == IBV_PORT_ACTIVE;
+}
+
+}  // namespace vf::failover

@@ -1,0 +1,138 @@
+// The failover engine's shared state (docs/design.md §5): the devices and ports it watches, the
+// mirrored registrations, the completion channels with shadows, and the Engine that holds them
+// with every Protection and SrqGroup (protection.h). Each room of core/failover/ is a set of
+// functions over an Engine&, called with Engine::mutex held unless its header says otherwise.
+#pragma once
+
+#include <infiniband/verbs.h>
+#include <sys/eventfd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/config.h"
+#include "core/control_channel.h"
+#include "core/datapath_registries.h"
+#include "core/failover/limits.h"
+#include "core/failover/protection.h"
+#include "core/verbs_api.h"
+
+namespace vf::failover {
+
+inline const char* path_name(int path) {
+  return path == kPrimary ? "primary" : "standby";
+}
+
+inline const char* reason_name(FailoverReason reason) {
+  switch (reason) {
+    case FailoverReason::kPortDown:
+      return "port_down";
+    case FailoverReason::kErrorCompletion:
+      return "error_completion";
+    case FailoverReason::kPeerRequest:
+      return "peer_request";
+    case FailoverReason::kFailback:
+      return "failback";
+  }
+  return "unknown";
+}
+
+struct PortInfoState {
+  ibv_port_state state = IBV_PORT_NOP;
+  int link_layer = 0;
+  ibv_mtu active_mtu = IBV_MTU_1024;
+  int backup_device = -1;
+  std::uint8_t backup_port = 1;
+  std::uint64_t changes = 0;
+  std::atomic<std::uint64_t> hidden_async_events{0};
+};
+
+struct Device {
+  std::string name;
+  ibv_device* device = nullptr;
+  ibv_context* context = nullptr;  // the engine's own
+  std::uint8_t port_count = 0;
+  PortInfoState ports[kMaxPorts + 1];
+  int max_qp_rd_atom = 1;
+  // Whether the device flushes a receive posted to a QP in ERR (the drain marker, §5d): learnt
+  // at the first switch. One that does not (rxe of older kernels) is not waited for again.
+  enum class MarkerFlush { kUnknown, kYes, kNo } marker_flush = MarkerFlush::kUnknown;
+};
+
+struct MrRecord {
+  ibv_mr* app_mr = nullptr;
+  int device = -1;  // the application's device
+  ibv_mr* shadow = nullptr;
+  // What it was registered with (ibv_rereg_mr changes some of it).
+  std::uint64_t iova = 0;
+  unsigned int access = 0;
+  int dmabuf_fd = -1;
+  std::uint64_t dmabuf_offset = 0;
+};
+
+struct ShadowPd {
+  ibv_pd* shadow = nullptr;
+  int device = -1;
+};
+
+struct ChannelState {
+  ibv_comp_channel* app_channel = nullptr;
+  ibv_comp_channel* shadow_channel = nullptr;
+  int wake_fd = -1;
+  std::vector<CqState*> cqs;
+};
+
+// Everything the engine knows, guarded by `mutex`. One per process in the shim
+// (FailoverEngine::instance() owns it); a test may build its own and drive a room's functions
+// with it. The data path never reads it: it finds its records in core/datapath_registries.h.
+struct Engine {
+  std::mutex mutex;
+  Config config;
+  VerbsApi verbs;
+  std::string program;
+  bool configured = false;
+  bool started = false;
+  bool start_failed = false;
+  Device devices[kMaxDevices];
+  int device_count = 0;
+  std::uint64_t token = 0;
+  ControlChannel channel;
+  int wake_fd = -1;
+  std::map<VirtualQp*, Protection> protections;
+  std::vector<std::pair<std::uint32_t, std::string>> unprotected;  // qpn, reason (never virtual)
+  std::map<std::pair<ibv_pd*, int>, ShadowPd> shadow_pds;
+  std::map<ibv_mr*, std::unique_ptr<MrRecord>> mrs;
+  std::map<std::uint64_t, std::unique_ptr<KeyTranslation>> key_storage;  // owns registry values
+  // The application's QP: the physical state under the state libibverbs caches in qp->state
+  // (qp_transitions.h, modify()).
+  std::map<const ibv_qp*, ibv_qp_state> physical_states;
+  std::map<std::pair<std::uint64_t, Gid>, std::uint32_t> peer_index_of;
+  // Control messages the application's threads want sent: the engine's thread sends them (it
+  // alone touches the network, which may block).
+  std::vector<std::pair<VirtualQp*, ControlMessage>> outbox;
+  std::map<ibv_cq*, std::unique_ptr<CqState>> cqs;
+  std::map<ibv_srq*, SrqGroup> srqs;
+  std::map<ibv_comp_channel*, ChannelState> channels;
+  std::vector<std::pair<std::uint64_t, ControlMessage>> local_inbox;  // (unused token, message)
+  std::uint64_t next_stats_ns = 0;
+  std::uint64_t rearm_retry_ns = kRearmRetryNs;
+  std::uint64_t resume_late_ns = kResumeLateNs;
+  std::uint64_t first_hold_down_ns = kFirstHoldDownNs;
+};
+
+inline bool engine_running(const Engine& e) {
+  return e.started && !e.start_failed;
+}
+
+// Something for the engine's thread to act on (a message in the local inbox, a QP to pair...).
+inline void wake_engine(Engine& e) {
+  if (e.wake_fd >= 0) eventfd_write(e.wake_fd, 1);
+}
+
+}  // namespace vf::failover

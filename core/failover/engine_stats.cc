@@ -1,0 +1,102 @@
+#include "core/failover/engine_stats.h"
+
+#include <string.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <mutex>
+#include <string>
+
+#include "core/clock.h"
+#include "core/log.h"
+#include "core/verbs_names.h"
+
+namespace vf::failover {
+
+void write_stats(Engine& e, const char* reason) {
+  if (e.config.stats_file.empty()) return;
+  StatsSnapshot snapshot;
+  {
+    std::lock_guard lock(e.mutex);
+    snapshot.pid = static_cast<int>(::getpid());
+    snapshot.program = e.program;
+    snapshot.reason = reason;
+    snapshot.written_unix_ms = realtime_ns() / 1000000;
+    for (int i = 0; i < e.device_count; ++i) {
+      const Device& d = e.devices[i];
+      for (std::uint8_t port = 1; port <= d.port_count; ++port) {
+        DeviceStats stats;
+        stats.name = d.name;
+        stats.port = port;
+        stats.state = port_state_name(d.ports[port].state);
+        if (d.ports[port].backup_device >= 0) {
+          stats.backup = fmt::format("{}/{}", e.devices[d.ports[port].backup_device].name,
+                                     d.ports[port].backup_port);
+        }
+        stats.port_changes = d.ports[port].changes;
+        stats.hidden_async_events = d.ports[port].hidden_async_events.load();
+        snapshot.devices.push_back(stats);
+      }
+    }
+    for (auto& [key, p] : e.protections) {
+      const VirtualQp& v = *p.qp;
+      QpStats stats;
+      stats.qpn = v.vqpn;
+      stats.device = fmt::format("{}/{}", e.devices[v.path[kPrimary].device_index].name,
+                                 v.path[kPrimary].port);
+      stats.backup = fmt::format("{}/{}", e.devices[v.path[kStandby].device_index].name,
+                                 v.path[kStandby].port);
+      if (p.paired) {
+        stats.peer = p.self_connected ? "self" : p.peer.local ? "this_process" : "other_process";
+      }
+      stats.is_protected = p.paired && p.unprotected_reason.empty();
+      stats.path = p.sw.in_progress ? "switching" : path_name(v.active_path());
+      stats.state = !p.paired          ? (p.pairing ? "pairing" : "unpaired")
+                    : p.sw.in_progress ? "switching"
+                    : !p.unprotected_reason.empty()
+                        ? "unprotected"
+                        : (v.active_path() == kPrimary ? "primary" : "standby");
+      stats.unprotected_reason = p.unprotected_reason;
+      stats.failovers = p.failovers;
+      stats.failbacks = p.failbacks;
+      stats.replayed_wrs = v.counters.replayed_wrs.load();
+      stats.hidden_error_completions = v.counters.hidden_error_completions.load();
+      stats.hidden_async_events = v.counters.hidden_async_events.load();
+      stats.synthesized_completions = v.counters.synthesized_completions.load();
+      stats.events = p.events;
+      if (p.pending_event != UINT32_MAX && v.counters.resumed_unix_ns.load() != 0) {
+        stats.events[p.pending_event].resumed_unix_ns = v.counters.resumed_unix_ns.load();
+      }
+      snapshot.qps.push_back(std::move(stats));
+    }
+    for (const auto& [qpn, why] : e.unprotected) {
+      QpStats stats;
+      stats.qpn = qpn;
+      stats.is_protected = false;
+      stats.path = "primary";
+      stats.state = "unprotected";
+      stats.unprotected_reason = why;
+      snapshot.qps.push_back(std::move(stats));
+    }
+  }
+  std::string error;
+  if (!write_file_atomically(e.config.stats_file, render_stats_json(snapshot), error)) {
+    VF_LOG_WARN("stats: {}", error);
+  }
+}
+
+int protection_of(Engine& e, std::uint32_t qpn, std::string& reason) {
+  for (auto& [key, p] : e.protections) {
+    if (p.destroyed || p.qp->vqpn != qpn) continue;
+    reason = !p.paired ? "not paired" : p.unprotected_reason;
+    return p.paired && p.unprotected_reason.empty() ? 1 : 0;
+  }
+  for (const auto& [unprotected_qpn, why] : e.unprotected) {
+    if (unprotected_qpn != qpn) continue;
+    reason = why;
+    return 0;
+  }
+  return -1;
+}
+
+}  // namespace vf::failover

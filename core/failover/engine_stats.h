@@ -1,0 +1,20 @@
+// The stats file (core/stats.h renders it): every port, every QP the engine saw (protected or
+// not, and why), each switch with its times; and the protection status tests ask for.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/failover/engine_state.h"
+
+namespace vf::failover {
+
+// Writes VERBS_FAILOVER_STATS (if set). Takes the engine mutex itself for the snapshot; the file
+// is written without it.
+void write_stats(Engine& e, const char* reason);
+
+// Entry point (FailoverEngine, engine mutex held): what the stats file would say of the QP whose
+// application QPN is qpn: 1 protected, 0 not (reason says why), -1 the engine does not know it.
+int protection_of(Engine& e, std::uint32_t qpn, std::string& reason);
+
+}  // namespace vf::failover

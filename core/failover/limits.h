@@ -1,0 +1,57 @@
+// The failover engine's limits and timings, in one place (docs/design.md §5): how many devices
+// and ports it tracks, how long it waits for a peer, a flush or a pairing, and the hold-down's
+// lengths. Each room of core/failover/ uses its own; the static_asserts tie those that depend on
+// each other.
+#pragma once
+
+#include <cstdint>
+
+namespace vf::failover {
+
+constexpr std::uint8_t kMaxPorts = 4;
+constexpr int kMaxDevices = 32;
+constexpr int kConnectTimeoutMs = 300;
+constexpr std::uint64_t kPairingAnswerTimeoutNs = 2'000'000'000;
+// A re-arm request unanswered for this long is sent again (with a fresh PSN), and so is the
+// answerer's notice that its port is back (PathStatus). Long enough that a late reply to the
+// previous request is not mistaken for the answer to the new one. Tests may lengthen it
+// (verbs_failover_debug_set_rearm_retry_ms) to prove that something does not wait for it.
+constexpr std::uint64_t kRearmRetryNs = 5'000'000'000;
+constexpr int kMaxGidScan = 16;
+constexpr int kPairingRounds = 6;
+constexpr std::uint64_t kSwitchAnswerTimeoutNs = 10'000'000'000;
+constexpr std::uint64_t kSweepTimeoutNs = 2'000'000'000;
+// How long an SRQ's move waits for a member whose pairing is in flight (a peer's answer takes a
+// round trip; one that has not come in a second is a peer without the shim, or unreachable).
+constexpr std::uint64_t kSrqPairingWaitNs = 1'000'000'000;
+// How long a switch's drain waits for the old path's receive queue to flush (drain_old_path).
+// A device that flushes ends the wait at once (microseconds on hardware, a few ms on rxe in the
+// emulated lab). The bound is for a device that does not flush (or no longer does: a dead one);
+// it is paid once per device, which is then drained without a marker. It is generous because
+// giving up early can lose a message, and the engine's thread may be starved of the CPU: 50 ms
+// ran out on a loaded 2-vCPU machine (the fake's late_recv_cqe, and rxe once in the lab)
+// although the flush was coming.
+constexpr std::uint64_t kReceiveFlushWaitNs = 1'000'000'000;
+// How long the drain polls for the marker before it moves the QP to ERR a second time
+// (drain_old_path): long enough for hardware to have written the flush, so that it is spared
+// the extra command.
+constexpr std::uint64_t kDrainMarkerNudgeNs = 200'000;
+static_assert(kDrainMarkerNudgeNs < kReceiveFlushWaitNs);
+// The most transport retries every provider counts: rxe takes retry_cnt 7 as "retry without end"
+// (the IB spec counts 7), and a path that dies silently (no port event) must end in
+// RETRY_EXC_ERR for the traffic to move. So protected QPs retry at most this often: the
+// application's primary (its 7, NCCL's default, becomes 6) and the engine's standbys.
+constexpr std::uint8_t kMaxRetryCount = 6;
+static_assert(kMaxRetryCount < 7);
+// The first hold-down of a path that failed silently, the longest, and how long a re-armed path
+// must have worked for the next silent failure to start again from the first (HoldDown).
+constexpr std::uint64_t kFirstHoldDownNs = 10'000'000'000ull;
+constexpr std::uint64_t kMaxHoldDownNs = 600'000'000'000ull;
+constexpr std::uint64_t kStableAfterRearmNs = 60'000'000'000ull;
+static_assert(kFirstHoldDownNs >= kRearmRetryNs && kFirstHoldDownNs <= kMaxHoldDownNs);
+// A switch after which nothing completed for this long is described in the log
+// (report_late_resume). Tests may shorten it (verbs_failover_debug_set_resume_late_ms).
+constexpr std::uint64_t kResumeLateNs = 5'000'000'000ull;
+constexpr std::uint8_t kStandbyRdAtomic = 16;
+
+}  // namespace vf::failover

@@ -1,0 +1,120 @@
+#include "core/failover/message_dispatch.h"
+
+#include <errno.h>
+#include <string.h>
+
+#include <algorithm>
+#include <string>
+
+#include "core/clock.h"
+#include "core/failover/memory_mirror.h"
+#include "core/failover/pairing.h"
+#include "core/failover/path_recovery.h"
+#include "core/failover/path_switch.h"
+#include "core/log.h"
+#include "core/verbs_names.h"
+
+namespace vf::failover {
+
+bool send_on_open_session(Engine& e, Protection& p, const ControlMessage& message) {
+  if (p.peer.local) {
+    e.local_inbox.emplace_back(0, message);
+    wake_engine(e);
+    return true;
+  }
+  ControlSession* session = e.channel.find_by_token(p.peer.token);
+  if (session == nullptr) session = e.channel.find(p.peer.session);
+  return session != nullptr && e.channel.send(session->id, message);
+}
+
+bool send_to_peer(Engine& e, Protection& p, const ControlMessage& message) {
+  if (send_on_open_session(e, p, message)) {
+    if (!p.peer.local) p.peer_unreachable_reported = false;
+    return true;
+  }
+  // Every session to the peer is gone: reach it on any address it advertised.
+  for (std::uint32_t address : p.peer.addresses) {
+    std::string error;
+    const std::uint64_t id = e.channel.connect(address, p.peer.port, kConnectTimeoutMs, error);
+    if (id == 0) {
+      VF_LOG_DEBUG("control: reconnect to {}:{} failed ({})", ipv4_text(address), p.peer.port,
+                   error);
+      continue;
+    }
+    p.peer.session = id;
+    if (e.channel.send(id, message)) return true;
+  }
+  if (!p.peer_unreachable_reported) {  // once, not at every retry
+    p.peer_unreachable_reported = true;
+    VF_LOG_ERROR("qp {}: the peer's shim (pid {}) cannot be reached on any of its addresses",
+                 p.qp->vqpn, p.peer.pid);
+  }
+  return false;
+}
+
+void flush_outbox(Engine& e) {
+  auto outbox = std::move(e.outbox);
+  e.outbox.clear();
+  for (auto& [v, message] : outbox) {
+    auto it = e.protections.find(v);
+    if (it == e.protections.end() || it->second.destroyed) continue;
+    send_to_peer(e, it->second, message);
+  }
+}
+
+void process_message(Engine& e, const PeerRef& from, std::uint64_t session,
+                     ControlMessage& message) {
+  if (auto* m = std::get_if<PairRequest>(&message))
+    return handle_pair_request(e, from, session, *m);
+  if (auto* m = std::get_if<PairReply>(&message)) return handle_pair_reply(e, from, session, *m);
+  if (auto* m = std::get_if<PairRefused>(&message)) return handle_pair_refused(e, *m);
+  if (auto* m = std::get_if<MrUpdate>(&message)) return handle_mr_update(e, from, *m);
+  if (auto* m = std::get_if<MrQuery>(&message)) return handle_mr_query(e, from, session, *m);
+  if (auto* m = std::get_if<FailoverRequest>(&message)) {
+    return handle_failover(e, m->remote, m->delivered_messages, m->epoch, m->target_path, true,
+                           static_cast<FailoverReason>(m->reason));
+  }
+  if (auto* m = std::get_if<FailoverReply>(&message)) {
+    return handle_failover(e, m->remote, m->delivered_messages, m->epoch, m->target_path, false,
+                           FailoverReason::kPeerRequest);
+  }
+  if (auto* m = std::get_if<vf::Rearm>(&message)) return handle_rearm(e, *m);
+  if (auto* m = std::get_if<PathStatus>(&message)) return handle_path_status(e, *m);
+}
+
+void on_session_message(Engine& e, ControlSession& session, ControlMessage& message) {
+  if (std::holds_alternative<Hello>(message)) return on_hello(e, session);
+  PeerRef from;
+  from.token = session.peer.process_token;
+  from.addresses = session.peer.addresses;
+  from.port = session.peer.port;
+  from.pid = session.peer.pid;
+  from.session = session.id;
+  process_message(e, from, session.id, message);
+}
+
+void on_session_closed(Engine& e, const ControlSession& closed) {
+  VF_LOG_DEBUG("control: session with {}:{} closed", ipv4_text(closed.remote_address),
+               closed.remote_port);
+  for (auto& [key, p] : e.protections) {
+    if (p.destroyed) continue;
+    if (p.pairing && p.awaiting_session == closed.id) {
+      p.awaiting_session = 0;
+      try_next_candidate(e, p);
+    }
+  }
+}
+
+void on_hello(Engine& e, ControlSession& session) {
+  if (!session.outgoing || session.peer.addresses.empty()) return;
+  const std::uint32_t best = session.peer.addresses.front();
+  if (best == session.remote_address) return;
+  if (e.channel.find_by_endpoint(best, session.peer.port) != nullptr) return;
+  std::string error;
+  const std::uint16_t port = session.peer.port;
+  if (e.channel.connect_async(best, port, kConnectTimeoutMs, error) == 0) {
+    VF_LOG_DEBUG("control: no second session to {}:{} ({})", ipv4_text(best), port, error);
+  }
+}
+
+}  // namespace vf::failover

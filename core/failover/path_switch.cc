@@ -1,0 +1,355 @@
+#include "core/failover/path_switch.h"
+
+#include <errno.h>
+#include <string.h>
+
+#include <algorithm>
+#include <string>
+
+#include "core/clock.h"
+#include "core/failover/message_dispatch.h"
+#include "core/failover/path_drain.h"
+#include "core/failover/path_recovery.h"
+#include "core/failover/protection_status.h"
+#include "core/failover/qp_transitions.h"
+#include "core/failover/srq_group.h"
+#include "core/log.h"
+#include "core/verbs_names.h"
+
+namespace vf::failover {
+
+namespace {
+
+ibv_wc_opcode wc_opcode_of(ibv_wr_opcode opcode) {
+  switch (opcode) {
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+      return IBV_WC_RDMA_WRITE;
+    case IBV_WR_RDMA_READ:
+      return IBV_WC_RDMA_READ;
+    case IBV_WR_ATOMIC_CMP_AND_SWP:
+      return IBV_WC_COMP_SWAP;
+    case IBV_WR_ATOMIC_FETCH_AND_ADD:
+      return IBV_WC_FETCH_ADD;
+    default:
+      return IBV_WC_SEND;
+  }
+}
+
+void post_switch_reset(Engine& e, Protection& p, int old_path) {
+  VirtualQp& v = *p.qp;
+  PhysicalPath& old = v.path[old_path];
+  old.connected = false;
+  const std::uint64_t start = monotonic_ns();
+  if (!reset_path(e, p, old_path)) {
+    VF_LOG_WARN("qp {}: resetting the {} QP for later re-use failed", v.vqpn, path_name(old_path));
+  }
+  VF_LOG_DEBUG("qp {}: the {} QP reset for re-use in {:.3f} ms", v.vqpn, path_name(old_path),
+               static_cast<double>(monotonic_ns() - start) / 1e6);
+  p.rearm[old_path].needed = true;
+  p.rearm[old_path].awaiting = false;
+}
+
+}  // namespace
+
+void finish_switch(Engine& e, Protection& p) {
+  VirtualQp& v = *p.qp;
+  SwitchState& sw = p.sw;
+  std::vector<const SendRecord*> replay, unrecoverable;
+  std::uint64_t replayed = 0, synthesized = 0;
+  v.send_cq->lock.lock();
+  v.lock().lock();
+  if (!v.send_ring().replay_set(sw.peer_count, replay, unrecoverable)) {
+    VF_LOG_ERROR(
+        "qp {}: the peer reports {} messages delivered but only {} were posted; "
+        "replaying everything outstanding",
+        v.vqpn, sw.peer_count, v.send_ring().messages_posted());
+    v.send_ring().replay_set(0, replay, unrecoverable);
+  }
+  std::vector<std::uint64_t> keep;
+  keep.reserve(replay.size());
+  for (const SendRecord* record : replay) keep.push_back(record->sequence);
+  const std::uint64_t posted_before = v.next_send_to_post();
+  // What the peer proved done completes now (its acknowledgement was lost with the path), in
+  // order; atomics that may have executed complete with an error (docs/design.md §5).
+  v.send_ring().for_each([&](const SendRecord& record) {
+    if (record.sequence >= posted_before) return;  // never posted: nothing to prove
+    const bool replaying = std::binary_search(keep.begin(), keep.end(), record.sequence);
+    if (replaying) return;
+    const bool atomic = record.is_atomic();
+    if (!record.signaled && !atomic) return;
+    ibv_wc wc{};
+    wc.wr_id = record.wr.wr_id;
+    wc.status = atomic ? IBV_WC_RETRY_EXC_ERR : IBV_WC_SUCCESS;
+    wc.opcode = wc_opcode_of(record.wr.opcode);
+    wc.qp_num = v.vqpn;
+    if (atomic) {
+      VF_LOG_ERROR(
+          "qp {}: atomic wr_id={:#x} was in flight when the {} path failed; whether it "
+          "executed cannot be known, so it completes with an error",
+          v.vqpn, record.wr.wr_id, path_name(sw.from));
+    }
+    if (v.send_cq->stash_for_application(wc)) ++synthesized;
+  });
+  v.send_ring().compact([&](const SendRecord& record) {
+    return record.sequence >= posted_before ||
+           std::binary_search(keep.begin(), keep.end(), record.sequence);
+  });
+  replayed = keep.size();
+  std::uint64_t first = v.send_ring().next_sequence();
+  v.send_ring().for_each_from(0, [&](const SendRecord& record) {
+    first = record.sequence;
+    return false;
+  });
+  v.restart_sends(first);
+  v.set_holding(false);
+  v.link_error_seen.store(false);
+  v.drop_held_errors();  // replaced by the replay
+  v.post_pending();
+  if (v.send_ring().outstanding() == 0 && v.recv_ring().pending() == 0) {
+    // Nothing to wait for on this side (a passive RDMA target): its traffic resumed with the
+    // switch itself.
+    v.counters.resumed_unix_ns.store(realtime_ns(), std::memory_order_relaxed);
+  } else {
+    v.awaiting_resume.store(true, std::memory_order_relaxed);
+  }
+  if (sw.to == kPrimary && !v.application_failed.load()) v.set_mode(PostMode::kDirect);
+  v.lock().unlock();
+  v.send_cq->lock.unlock();
+
+  v.counters.replayed_wrs.fetch_add(replayed, std::memory_order_relaxed);
+  v.counters.synthesized_completions.fetch_add(synthesized, std::memory_order_relaxed);
+  if (sw.reason == FailoverReason::kFailback) {
+    ++p.failbacks;
+  } else {
+    ++p.failovers;
+  }
+  SwitchEvent event;
+  event.kind = sw.reason == FailoverReason::kFailback ? "failback" : "failover";
+  event.reason = reason_name(sw.reason);
+  event.from = path_name(sw.from);
+  event.to = path_name(sw.to);
+  event.detected_unix_ns = sw.detected_unix_ns;
+  event.replayed_wrs = replayed;
+  p.events.push_back(event);
+  p.pending_event = static_cast<std::uint32_t>(p.events.size() - 1);
+  p.switched_monotonic_ns = monotonic_ns();
+  p.resume_late_reported = false;
+  VF_LOG_INFO(
+      "qp {}: {} {} -> {} done ({}): peer had delivered {} message(s), we {}; replayed "
+      "{} request(s), completed {} proven done, in {:.3f} ms",
+      v.vqpn, event.kind, event.from, event.to, event.reason, sw.peer_count, sw.local_count,
+      replayed, synthesized, static_cast<double>(monotonic_ns() - sw.started_monotonic_ns) / 1e6);
+  const int old_path = sw.from;
+  sw.in_progress = false;
+  post_switch_reset(e, p, old_path);
+}
+
+void begin_switch(Engine& e, Protection& p, int target, FailoverReason reason, std::uint32_t epoch,
+                  bool initiator) {
+  VirtualQp& v = *p.qp;
+  SwitchState& sw = p.sw;
+  const int from = v.active_path();
+  sw = SwitchState{};
+  sw.in_progress = true;
+  sw.from = from;
+  sw.to = target;
+  sw.epoch = epoch;
+  sw.reason = reason;
+  sw.initiator = initiator;
+  sw.detected_unix_ns = realtime_ns();
+  sw.started_monotonic_ns = monotonic_ns();
+  p.epoch = epoch;
+  VF_LOG_INFO("qp {}: switching {} -> {} ({}, epoch {})", v.vqpn, path_name(from),
+              path_name(target), reason_name(reason), epoch);
+  v.lock().lock();
+  v.set_mode(PostMode::kRouted);
+  v.set_holding(true);
+  v.lock().unlock();
+  // After this the old path's responder drops whatever still arrives: nothing the peer sends
+  // on it can be delivered behind our count.
+  const std::uint64_t stop_start = monotonic_ns();
+  ibv_qp_attr stop{};
+  stop.qp_state = IBV_QPS_ERR;
+  const int stop_result = modify(e, v.path[from].qp, &stop, IBV_QP_STATE, from == kPrimary);
+  const bool in_error = stop_result == 0;
+  if (!in_error) {
+    VF_LOG_WARN(
+        "qp {}: the {} path could not be moved to ERR ({}); its drain takes what its CQ "
+        "holds",
+        v.vqpn, path_name(from), strerror(stop_result));
+  }
+  const std::uint64_t drain_start = monotonic_ns();
+  drain_old_path(e, p, from, in_error);
+  VF_LOG_DEBUG("qp {}: the {} path stopped (ERR {:.3f} ms, drained {:.3f} ms)", v.vqpn,
+               path_name(from), static_cast<double>(drain_start - stop_start) / 1e6,
+               static_cast<double>(monotonic_ns() - drain_start) / 1e6);
+  if (target == kStandby) {
+    v.send_cq->shadow_active.store(true);
+    v.recv_cq->shadow_active.store(true);
+  }
+  v.lock().lock();
+  v.set_accepting(from, false);
+  sw.local_count = v.recv_ring().delivered_messages();
+  v.set_active_path(target);
+  v.set_accepting(target, true);
+  v.restart_receives();
+  v.post_pending(false);
+  v.link_error_seen.store(false);
+  v.lock().unlock();
+  sw.local_ready = true;
+}
+
+bool can_switch_to(const Protection& p, int target) {
+  const VirtualQp& v = *p.qp;
+  return p.paired && v.path[target].connected && !v.path[target].failed &&
+         !v.application_failed.load() && v.mode() != PostMode::kBypass;
+}
+
+void release_held_errors(Protection& p) {
+  VirtualQp& v = *p.qp;
+  std::vector<VirtualQp::HeldError> held;
+  v.lock().lock();
+  v.take_held_errors(held);
+  if (v.active_path() == kPrimary) v.set_mode(PostMode::kBypass);
+  v.application_failed.store(true);
+  v.lock().unlock();
+  for (const VirtualQp::HeldError& error : held) {
+    error.cq->lock.lock();
+    error.cq->stash_for_application(error.wc);
+    error.cq->lock.unlock();
+  }
+  if (!held.empty()) {
+    VF_LOG_WARN("qp {}: {} error completion(s) go to the application: no path is left", v.vqpn,
+                held.size());
+  }
+}
+
+void abort_switch(Protection& p, const char* why) {
+  VirtualQp& v = *p.qp;
+  VF_LOG_ERROR(
+      "qp {}: the switch to the {} path cannot complete ({}); the application sees the "
+      "failure",
+      v.vqpn, path_name(p.sw.to), why);
+  std::vector<ibv_wc> flushed;
+  v.lock().lock();
+  v.send_ring().for_each_from(v.next_send_to_post(), [&](const SendRecord& record) {
+    if (record.signaled) {
+      ibv_wc wc{};
+      wc.wr_id = record.wr.wr_id;
+      wc.status = IBV_WC_WR_FLUSH_ERR;
+      wc.opcode = wc_opcode_of(record.wr.opcode);
+      wc.qp_num = v.vqpn;
+      flushed.push_back(wc);
+    }
+    return true;
+  });
+  v.set_holding(false);
+  v.set_mode(PostMode::kBypass);
+  // Pass-through posts go to the application's own QP: its completions (flushes, on a dead
+  // path) are the application's again.
+  v.set_active_path(kPrimary);
+  v.set_accepting(kPrimary, true);
+  v.lock().unlock();
+  p.sw.in_progress = false;
+  release_held_errors(p);
+  v.send_cq->lock.lock();
+  for (const ibv_wc& wc : flushed) v.send_cq->stash_for_application(wc);
+  v.send_cq->lock.unlock();
+  set_unprotected(p, fmt::format("a switch failed ({})", why));
+}
+
+void start_switch(Engine& e, Protection& p, int target, FailoverReason reason) {
+  VirtualQp& v = *p.qp;
+  if (p.sw.in_progress || v.active_path() == target) return;
+  if (!can_switch_to(p, target)) {
+    if (v.link_error_seen.load() || reason == FailoverReason::kErrorCompletion) {
+      release_held_errors(p);
+    }
+    if (reason != FailoverReason::kFailback) {
+      set_unprotected(p, fmt::format("its {} path failed and the {} path is not usable; the "
+                                     "application sees the failure",
+                                     path_name(v.active_path()), path_name(target)));
+    }
+    return;
+  }
+  if (SrqGroup* group = group_of(e, v))
+    return switch_srq_group(e, *group, target, reason, nullptr, 0, 0);
+  begin_switch(e, p, target, reason, p.epoch + 1, true);
+  ask_peer_to_switch(e, p, reason);
+}
+
+void ask_peer_to_switch(Engine& e, Protection& p, FailoverReason reason) {
+  FailoverRequest request;
+  request.local = p.local;
+  request.remote = p.remote;
+  request.delivered_messages = p.sw.local_count;
+  request.reason = static_cast<std::uint32_t>(reason);
+  request.epoch = p.sw.epoch;
+  request.target_path = static_cast<std::uint8_t>(p.sw.to);
+  if (!send_to_peer(e, p, request)) return abort_switch(p, "the peer's shim cannot be reached");
+  if (p.sw.peer_known) finish_switch(e, p);
+}
+
+void handle_failover(Engine& e, const QpKey& ours, std::uint64_t delivered, std::uint32_t epoch,
+                     std::uint8_t target, bool is_request, FailoverReason reason) {
+  Protection* p = protection_by_key(e, ours);
+  if (p == nullptr) return;
+  SwitchState& sw = p->sw;
+  if (is_request && reason == FailoverReason::kPortDown) {
+    // The peer's port went down: what this side saw fail on the path (its requests' retries
+    // running out, its own port ACTIVE) is explained, and a hold it took for a silent failure
+    // would outlast the port's return. Requests may cross: this side may have switched first.
+    const int path = sw.in_progress ? sw.from : other_path(p->qp->active_path());
+    if (p->hold[path].until_ns != 0) {
+      VF_LOG_INFO("qp {}: the peer's port went down: its {} path is no longer held down",
+                  p->qp->vqpn, path_name(path));
+      p->hold[path] = HoldDown{};
+    }
+  }
+  if (sw.in_progress && sw.epoch == epoch) {
+    sw.peer_known = true;
+    sw.peer_count = delivered;
+    if (sw.local_ready) finish_switch(e, *p);
+    return;
+  }
+  if (!is_request || sw.in_progress || epoch <= p->epoch) {
+    VF_LOG_DEBUG("qp {}: stale failover message (epoch {}, ours {})", p->qp->vqpn, epoch, p->epoch);
+    return;
+  }
+  if (p->qp->active_path() == target) return;
+  if (p->qp->application_failed.load() || p->qp->mode() == PostMode::kBypass) {
+    VF_LOG_INFO("qp {}: the peer asks for a switch, but the application has taken the QP down",
+                p->qp->vqpn);
+    return;
+  }
+  // The peer switches: so do we, whatever our ports say (its side of the path failed). If it saw
+  // the path fail silently, this end holds it down too: the two ends then hold and lengthen their
+  // holds together, whichever of them sees the next silent failure first.
+  if (reason == FailoverReason::kErrorCompletion) {
+    hold_down_if_silent(e, *p, p->qp->active_path(), monotonic_ns(), true);
+  }
+  if (SrqGroup* group = group_of(e, *p->qp)) {
+    return switch_srq_group(e, *group, target, reason, p, epoch, delivered);
+  }
+  begin_switch(e, *p, target,
+               reason == FailoverReason::kFailback ? reason : FailoverReason::kPeerRequest, epoch,
+               false);
+  answer_failover(e, *p, delivered);
+}
+
+void answer_failover(Engine& e, Protection& p, std::uint64_t delivered) {
+  SwitchState& sw = p.sw;
+  sw.peer_known = true;
+  sw.peer_count = delivered;
+  FailoverReply reply;
+  reply.local = p.local;
+  reply.remote = p.remote;
+  reply.delivered_messages = sw.local_count;
+  reply.epoch = sw.epoch;
+  reply.target_path = static_cast<std::uint8_t>(sw.to);
+  send_to_peer(e, p, reply);
+  finish_switch(e, p);
+}
+
+}  // namespace vf::failover

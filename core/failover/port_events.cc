@@ -1,0 +1,165 @@
+#include "core/failover/port_events.h"
+
+#include <errno.h>
+#include <string.h>
+
+#include <algorithm>
+#include <string>
+
+#include "core/clock.h"
+#include "core/failover/devices.h"
+#include "core/failover/path_recovery.h"
+#include "core/failover/path_switch.h"
+#include "core/failover/protection_status.h"
+#include "core/log.h"
+#include "core/verbs_names.h"
+
+namespace vf::failover {
+
+void on_port_change(Engine& e, int device, std::uint8_t port, ibv_port_state state) {
+  PortInfoState& info = e.devices[device].ports[port];
+  if (info.state == state) return;
+  const ibv_port_state before = info.state;
+  info.state = state;
+  ++info.changes;
+  VF_LOG_INFO("failover: port {}/{} is {} (was {})", e.devices[device].name, port,
+              port_state_name(state), port_state_name(before));
+  const bool down = state != IBV_PORT_ACTIVE;
+  if (down) {  // every path on the port first: an SRQ's move must see all its members' paths dead
+    for (auto& [key, p] : e.protections) {
+      for (int path = 0; path < kPathCount; ++path) {
+        PhysicalPath& physical = p.qp->path[path];
+        if (!p.destroyed && physical.device_index == device && physical.port == port) {
+          physical.failed = true;
+        }
+      }
+    }
+  }
+  for (auto& [key, p] : e.protections) {
+    if (p.destroyed) continue;
+    VirtualQp& v = *p.qp;
+    for (int path = 0; path < kPathCount; ++path) {
+      if (v.path[path].device_index != device || v.path[path].port != port) continue;
+      // An idle path: the failover handshake will not tell the peer about it, this side must.
+      const bool idle = v.active_path() != path && !p.sw.in_progress;
+      if (down) {
+        if (v.active_path() == path && !p.sw.in_progress) {
+          start_switch(e, p, other_path(path), FailoverReason::kPortDown);
+        }
+        // Whether it just moved (alone, or with its SRQ) or had moved before: one path left.
+        if (p.paired && v.active_path() != path) {
+          set_unprotected(p, fmt::format("its {} path's port {}/{} is down; running on the {} "
+                                         "path alone",
+                                         path_name(path), e.devices[device].name, port,
+                                         path_name(v.active_path())));
+        }
+        if (p.paired && v.active_path() != path) {
+          // A reply to a request sent before the loss would connect a QP whose port is down.
+          p.rearm[path].awaiting = false;
+          p.rearm[path].needed = true;
+          p.rearm[path].notice_sent_ns = 0;  // the "up" notice goes as soon as the port is back
+        }
+        if (p.paired && idle) send_path_status(e, p, path, false);
+      } else if (p.paired && v.active_path() != path) {
+        p.hold[path] = HoldDown{};  // a port event: whatever failed may have been repaired
+        if (!p.rearm[path].needed && v.path[path].connected) {
+          // The port blinked while the path idled: its QP may be in error; re-arm it anyway.
+          p.rearm[path].needed = true;
+        }
+        maybe_rearm(e, p, path);  // the asker asks; the answerer says its port is back
+      }
+    }
+  }
+}
+
+void on_device_event(Engine& e, int device) {
+  ibv_async_event event{};
+  if (e.verbs.get_async_event(e.devices[device].context, &event) != 0) return;
+  switch (event.event_type) {
+    case IBV_EVENT_PORT_ERR:
+    case IBV_EVENT_PORT_ACTIVE: {
+      const int port = event.element.port_num;
+      if (port >= 1 && port <= e.devices[device].port_count) {
+        ibv_port_attr attr{};
+        ibv_port_state state =
+            event.event_type == IBV_EVENT_PORT_ERR ? IBV_PORT_DOWN : IBV_PORT_ACTIVE;
+        if (e.verbs.query_port(e.devices[device].context, static_cast<std::uint8_t>(port), &attr) ==
+            0) {
+          state = attr.state;
+        }
+        on_port_change(e, device, static_cast<std::uint8_t>(port), state);
+      }
+      break;
+    }
+    case IBV_EVENT_QP_FATAL:
+    case IBV_EVENT_QP_REQ_ERR:
+    case IBV_EVENT_QP_ACCESS_ERR:
+      // A standby QP of ours failed: that path needs re-arming before it can carry traffic.
+      for (auto& [key, p] : e.protections) {
+        if (p.destroyed) continue;
+        if (p.qp->path[kStandby].qp == event.element.qp) {
+          p.qp->path[kStandby].failed = true;
+          if (p.qp->active_path() == kStandby)
+            start_switch(e, p, kPrimary, FailoverReason::kErrorCompletion);
+        }
+      }
+      break;
+    default:
+      break;
+  }
+  e.verbs.ack_async_event(&event);
+}
+
+bool hide_async_event(Engine& e, ibv_context* context, const ibv_async_event& event) {
+  const int device = device_of_context(e, context);
+  if (device < 0) return false;
+  switch (event.event_type) {
+    case IBV_EVENT_PORT_ERR:
+    case IBV_EVENT_PORT_ACTIVE: {
+      const int port = event.element.port_num;
+      if (port < 1 || port > e.devices[device].port_count) return false;
+      PortInfoState& info = e.devices[device].ports[port];
+      if (info.backup_device < 0) return false;
+      info.hidden_async_events.fetch_add(1);
+      VF_LOG_INFO("failover: hid {} of {}/{} from the application",
+                  e.verbs.event_type_str(event.event_type), e.devices[device].name, port);
+      return true;
+    }
+    case IBV_EVENT_QP_FATAL:
+    case IBV_EVENT_QP_REQ_ERR:
+    case IBV_EVENT_COMM_EST:
+    case IBV_EVENT_SQ_DRAINED:
+    case IBV_EVENT_PATH_MIG:
+    case IBV_EVENT_PATH_MIG_ERR: {
+      VirtualQp* v = find_virtual_qp(event.element.qp);
+      if (v == nullptr) return false;
+      auto it = e.protections.find(v);
+      if (it == e.protections.end()) return false;
+      Protection& p = it->second;
+      if (event.event_type == IBV_EVENT_COMM_EST) return false;
+      if (v->application_failed.load()) return false;
+      const bool switching_or_moved = p.sw.in_progress || v->active_path() != kPrimary;
+      const bool can_move = can_switch_to(p, kStandby);
+      if (!switching_or_moved && !can_move) return false;
+      v->counters.hidden_async_events.fetch_add(1);
+      if (!switching_or_moved) v->link_error_seen.store(true);
+      wake_engine(e);
+      return true;
+    }
+    case IBV_EVENT_QP_LAST_WQE_REACHED: {
+      // An SRQ's QP reports it when it enters ERR: the shim's doing during a switch.
+      VirtualQp* v = find_virtual_qp(event.element.qp);
+      if (v == nullptr || v->srq == nullptr || v->application_failed.load()) return false;
+      v->counters.hidden_async_events.fetch_add(1);
+      return true;
+    }
+    case IBV_EVENT_CQ_ERR: {
+      // An overrun caused by the flush of a switched QP is the shim's doing, not the app's.
+      return false;
+    }
+    default:
+      return false;
+  }
+}
+
+}  // namespace vf::failover

@@ -1,0 +1,145 @@
+// The engine's state of one protected QP (Protection) and of one shared receive queue with the
+// protected QPs that take receives from it (SrqGroup): pairing, the switch in progress, re-arm
+// and hold-down of each path, and the stats kept of it. Plain data: every room of
+// core/failover/ reads and writes it with the engine's mutex held.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/control_message.h"
+#include "core/failover/limits.h"
+#include "core/stats.h"
+#include "core/virtual_qp.h"
+#include "core/virtual_srq.h"
+
+namespace vf::failover {
+
+// Where a message to the peer goes: a TCP session to another process, or this process itself
+// (both ends of the pair here: a loopback or self-connected QP).
+struct PeerRef {
+  bool local = false;
+  std::uint64_t token = 0;    // the peer process's token (its Hello)
+  std::uint64_t session = 0;  // the session the pairing used
+  std::vector<std::uint32_t> addresses;
+  std::uint16_t port = 0;
+  std::uint32_t pid = 0;
+};
+
+struct SwitchState {
+  bool in_progress = false;
+  int from = kPrimary;
+  int to = kStandby;
+  std::uint32_t epoch = 0;
+  FailoverReason reason = FailoverReason::kPortDown;
+  std::uint64_t detected_unix_ns = 0;
+  bool local_ready = false;
+  std::uint64_t local_count = 0;
+  bool peer_known = false;
+  std::uint64_t peer_count = 0;
+  bool initiator = false;
+  std::uint64_t started_monotonic_ns = 0;
+};
+
+struct RearmState {
+  bool needed = false;
+  bool awaiting = false;
+  std::uint64_t sent_ns = 0;
+  std::uint32_t nonce = 0;  // of our latest request (asker)
+  // Answerer: requests up to this one are done with (answered, or sent before the asker's port
+  // went down: PathStatus).
+  std::uint32_t answered_nonce = 0;
+  std::uint32_t seen_nonce = 0;      // answerer: of the latest request that arrived at all
+  std::uint64_t notice_sent_ns = 0;  // answerer: when it last said its port is back
+};
+
+// A path that failed silently (link-class error completions, its port still ACTIVE: a cut beyond
+// the port, packets dropped) looks fine to a re-arm, which only needs the port and the control
+// channel: re-armed at once, it would take the traffic back and fail again, over and over. So it
+// is held down before its re-arm, longer each time it fails again soon after coming back (as
+// routers damp a flapping route); a port event on it (DOWN, then ACTIVE) ends the hold.
+struct HoldDown {
+  std::uint64_t until_ns = 0;     // no re-arm before (0: not held)
+  std::uint64_t period_ns = 0;    // the latest hold's length
+  std::uint64_t restored_ns = 0;  // when the path was last re-armed
+};
+
+struct QpAttrs {  // what the application gave its QP, to re-connect the primary later
+  bool have_init = false, have_rtr = false, have_rts = false;
+  ibv_qp_attr init{}, rtr{}, rts{};
+  int init_mask = 0, rtr_mask = 0, rts_mask = 0;
+};
+
+struct Protection {
+  std::unique_ptr<VirtualQp> qp;
+  bool destroyed = false;  // the application destroyed the QP; kept for the stats only
+  ibv_pd* app_pd = nullptr;
+  QpKey local;
+  QpKey remote;
+  bool remote_known = false;
+  bool paired = false;
+  std::string unprotected_reason;
+  bool warned_unprotected = false;
+  PeerRef peer;
+  // Paired with itself (NCCL's flush QP): kept apart from the keys, which destroy clears.
+  bool self_connected = false;
+  // pairing
+  bool pairing = false;
+  std::vector<std::pair<std::uint32_t, std::uint16_t>> candidates;
+  std::size_t next_candidate = 0;
+  std::uint64_t awaiting_session = 0;
+  std::uint64_t awaiting_since_ns = 0;
+  int pairing_rounds = 0;
+  std::uint64_t retry_at_ns = 0;
+  std::uint8_t peer_mtu = 0;
+  // ECE: the application's primary QP's, read once when pairing starts (the application sets it
+  // before RTR, and pairing starts at RTR), and the options the standby pair agreed on (vendor
+  // 0: none). Each is applied again before every RTR of its QP (a reset may forget it).
+  ibv_ece primary_ece{};
+  bool primary_ece_read = false;
+  ibv_ece standby_ece{};
+  bool start_pairing_pending = false;
+  bool peer_unreachable_reported = false;
+  QpAttrs attrs;
+  SwitchState sw;
+  std::uint32_t epoch = 0;
+  RearmState rearm[kPathCount];
+  HoldDown hold[kPathCount];
+  std::uint64_t failovers = 0;
+  std::uint64_t failbacks = 0;
+  std::vector<SwitchEvent> events;
+  std::uint32_t pending_event = UINT32_MAX;  // index of the event awaiting its resume time
+  std::uint64_t switched_monotonic_ns = 0;   // when the latest switch finished
+  bool resume_late_reported = false;         // the latest switch's "no completion yet" line
+};
+
+// A shared receive queue and the protected QPs that take receives from it: they switch paths
+// together (docs/design.md §5i).
+struct SrqGroup {
+  std::unique_ptr<VirtualSrq> srq;
+  ibv_pd* pd = nullptr;
+  std::vector<VirtualQp*> members;
+  std::string pinned_reason;  // not empty: pass-through for good
+  // A move that waits (at most kSrqPairingWaitNs) for members whose pairing is in flight and
+  // whose own path still works: moving the receives without them would fail them, and a QP
+  // whose pairing has not finished is unprotected, not failed. Retried by periodic_work.
+  struct PassiveMember {  // a member whose peer asked for the move: it answers when it runs
+    Protection* q = nullptr;
+    std::uint32_t epoch = 0;
+    std::uint64_t delivered = 0;
+  };
+  struct PendingMove {
+    bool active = false;
+    int target = 0;
+    FailoverReason reason = FailoverReason::kPortDown;
+    std::uint64_t since_ns = 0;
+    std::vector<PassiveMember> passives;
+  } pending;
+};
+
+}  // namespace vf::failover

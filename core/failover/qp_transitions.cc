@@ -1,0 +1,199 @@
+#include "core/failover/qp_transitions.h"
+
+#include <errno.h>
+#include <string.h>
+
+#include <algorithm>
+#include <random>
+#include <string>
+
+#include "core/clock.h"
+#include "core/failover/devices.h"
+#include "core/log.h"
+#include "core/verbs_names.h"
+
+namespace vf::failover {
+
+namespace {
+
+// ECE options take effect at the QP's modify stages (ibv_set_ece(3)): set before RTR. 0 or errno.
+int apply_ece(Engine& e, ibv_qp* qp, const ibv_ece& ece) {
+  if (ece.vendor_id == 0) return 0;
+  if (e.verbs.set_ece == nullptr) return EOPNOTSUPP;
+  ibv_ece copy = ece;
+  return e.verbs.set_ece(qp, &copy);
+}
+
+// Re-connects the application's own QP after a reset (RTR/RTS with the application's attributes
+// and fresh PSNs).
+bool connect_primary(Engine& e, Protection& p, std::uint32_t dest_qpn, std::uint32_t dest_psn) {
+  VirtualQp& v = *p.qp;
+  if (!p.attrs.have_rtr || !p.attrs.have_rts) return false;
+  if (p.primary_ece_read) {  // what the application set before its RTR, again after the reset
+    if (const int result = apply_ece(e, v.app_qp, p.primary_ece); result != 0) {
+      VF_LOG_WARN("qp {}: its ECE options {:#x} could not be set again after the reset ({})",
+                  v.vqpn, p.primary_ece.options, strerror(result));
+      return false;
+    }
+  }
+  ibv_qp_attr attr = p.attrs.rtr;
+  attr.qp_state = IBV_QPS_RTR;
+  attr.dest_qp_num = dest_qpn;
+  attr.rq_psn = dest_psn;
+  int mask = p.attrs.rtr_mask | IBV_QP_STATE | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+  if (modify(e, v.app_qp, &attr, mask, true) != 0) return false;
+  attr = p.attrs.rts;
+  attr.qp_state = IBV_QPS_RTS;
+  attr.sq_psn = v.path[kPrimary].psn;
+  mask = p.attrs.rts_mask | IBV_QP_STATE | IBV_QP_SQ_PSN;
+  return modify(e, v.app_qp, &attr, mask, true) == 0;
+}
+
+}  // namespace
+
+// The MTU this side offers for the standby pair: the backup port's, no larger than what the
+// application gave its primary.
+ibv_mtu standby_mtu(Engine& e, const Protection& p) {
+  const PhysicalPath& standby = p.qp->path[kStandby];
+  ibv_mtu mtu = e.devices[standby.device_index].ports[standby.port].active_mtu;
+  if (p.attrs.have_rtr && (p.attrs.rtr_mask & IBV_QP_PATH_MTU))
+    mtu = std::min(mtu, p.attrs.rtr.path_mtu);
+  return mtu;
+}
+
+int modify(Engine& e, ibv_qp* qp, ibv_qp_attr* attr, int mask, bool app_qp) {
+  if (!app_qp) return e.verbs.modify_qp(qp, attr, mask);
+  const ibv_qp_state application_view = qp->state;
+  auto known = e.physical_states.find(qp);
+  if (known != e.physical_states.end()) qp->state = known->second;
+  const ibv_qp_state before = qp->state;
+  const int result = e.verbs.modify_qp(qp, attr, mask);
+  e.physical_states[qp] = result == 0 && (mask & IBV_QP_STATE) ? attr->qp_state : before;
+  qp->state = application_view;
+  return result;
+}
+
+bool to_reset_and_init(Engine& e, ibv_qp* qp, std::uint8_t port, unsigned int access, bool app_qp) {
+  ibv_qp_attr attr{};
+  attr.qp_state = IBV_QPS_RESET;
+  if (modify(e, qp, &attr, IBV_QP_STATE, app_qp) != 0) return false;
+  attr = {};
+  attr.qp_state = IBV_QPS_INIT;
+  attr.port_num = port;
+  attr.pkey_index = 0;
+  attr.qp_access_flags = access;
+  return modify(e, qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS,
+                app_qp) == 0;
+}
+
+bool to_error(Engine& e, ibv_qp* qp, bool app_qp) {
+  ibv_qp_attr attr{};
+  attr.qp_state = IBV_QPS_ERR;
+  return modify(e, qp, &attr, IBV_QP_STATE, app_qp) == 0;
+}
+
+int connect_engine_qp(Engine& e, ibv_qp* qp, const EngineQpLink& link, const char** step) {
+  ibv_qp_attr attr{};
+  attr.qp_state = IBV_QPS_RTR;
+  attr.path_mtu = link.mtu;
+  attr.dest_qp_num = link.dest_qpn;
+  attr.rq_psn = link.rq_psn;
+  attr.max_dest_rd_atomic = link.rd_atomic;
+  attr.min_rnr_timer = 1;
+  attr.ah_attr.is_global = 1;
+  attr.ah_attr.grh.dgid = to_ibv_gid(link.dest_gid);
+  attr.ah_attr.grh.sgid_index = static_cast<std::uint8_t>(link.sgid_index);
+  attr.ah_attr.grh.hop_limit = 64;
+  attr.ah_attr.port_num = link.port;
+  *step = "RTR";
+  int result =
+      e.verbs.modify_qp(qp, &attr,
+                        IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                            IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+  if (result != 0) return result;
+  attr = {};
+  attr.qp_state = IBV_QPS_RTS;
+  attr.sq_psn = link.sq_psn;
+  attr.timeout = link.timeout;
+  attr.retry_cnt = kMaxRetryCount;
+  attr.rnr_retry = link.rnr_retry;
+  attr.max_rd_atomic = link.rd_atomic;
+  *step = "RTS";
+  return e.verbs.modify_qp(qp, &attr,
+                           IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                               IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC);
+}
+
+const ibv_ece& primary_ece(Engine& e, Protection& p) {
+  if (!p.primary_ece_read) {
+    p.primary_ece_read = true;
+    p.primary_ece = {};
+    if (e.verbs.query_ece == nullptr || e.verbs.query_ece(p.qp->app_qp, &p.primary_ece) != 0) {
+      p.primary_ece = {};
+    }
+  }
+  return p.primary_ece;
+}
+
+ibv_ece agree_ece(const ibv_ece& mine, const PairRequest& theirs) {
+  if (mine.vendor_id == 0 || mine.vendor_id != theirs.ece_vendor_id) return {};
+  ibv_ece agreed{};
+  agreed.vendor_id = mine.vendor_id;
+  agreed.options = mine.options & theirs.ece_options;
+  return agreed;
+}
+
+bool connect_standby(Engine& e, Protection& p, std::uint32_t dest_qpn, const Gid& dest_gid,
+                     std::uint32_t dest_psn, std::uint8_t peer_mtu) {
+  PhysicalPath& standby = p.qp->path[kStandby];
+  const Device& device = e.devices[standby.device_index];
+  EngineQpLink link;
+  link.mtu = standby_mtu(e, p);
+  if (peer_mtu != 0) link.mtu = std::min(link.mtu, static_cast<ibv_mtu>(peer_mtu));
+  link.dest_qpn = dest_qpn;
+  link.rq_psn = dest_psn;
+  link.sq_psn = standby.psn;
+  link.dest_gid = dest_gid;
+  link.sgid_index = standby.gid_index;
+  link.port = standby.port;
+  link.rd_atomic =
+      static_cast<std::uint8_t>(std::min<int>(kStandbyRdAtomic, device.max_qp_rd_atom));
+  link.timeout = e.config.qp_timeout;
+  if (const int result = apply_ece(e, standby.qp, p.standby_ece); result != 0) {
+    VF_LOG_WARN(
+        "qp {}: standby qp {} refused ECE options {:#x} of vendor {:#x}, which its primary "
+        "and the peer's run with ({})",
+        p.qp->vqpn, standby.qp->qp_num, p.standby_ece.options, p.standby_ece.vendor_id,
+        strerror(result));
+    return false;
+  }
+  const char* step = "";
+  const int result = connect_engine_qp(e, standby.qp, link, &step);
+  if (result != 0) {
+    VF_LOG_WARN("qp {}: standby qp {} to {} failed ({})", p.qp->vqpn, standby.qp->qp_num, step,
+                strerror(result));
+    return false;
+  }
+  return true;
+}
+
+std::uint32_t random_psn() {
+  static thread_local std::mt19937 generator{std::random_device{}()};
+  return generator() & 0xffffff;
+}
+
+bool reset_path(Engine& e, Protection& p, int path) {
+  PhysicalPath& physical = p.qp->path[path];
+  const unsigned int access = path == kPrimary && (p.attrs.init_mask & IBV_QP_ACCESS_FLAGS)
+                                  ? p.attrs.init.qp_access_flags
+                                  : kFullAccess;
+  return to_reset_and_init(e, physical.qp, physical.port, access, path == kPrimary);
+}
+
+bool connect_path(Engine& e, Protection& p, int path, std::uint32_t qpn, const Gid& gid,
+                  std::uint32_t psn) {
+  return path == kPrimary ? connect_primary(e, p, qpn, psn)
+                          : connect_standby(e, p, qpn, gid, psn, p.peer_mtu);
+}
+
+}  // namespace vf::failover

@@ -1,0 +1,69 @@
+// Moving QPs between states: the application's QP (with libibverbs' cached qp->state kept as the
+// application set it) and the engine's own, connecting a standby pair or re-connecting a primary
+// with the application's attributes, its ECE and fresh PSNs. No decision is taken here: the
+// rooms that call these decide when.
+#pragma once
+
+#include <cstdint>
+
+#include "core/failover/engine_state.h"
+
+namespace vf::failover {
+
+inline constexpr unsigned int kFullAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                                            IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+
+// ibv_modify_qp by the engine. For the application's QP (app_qp): libibverbs caches the state in
+// qp->state and some providers read that cache as the current state, but the application must
+// keep reading the state it set; so around the engine's own transitions the cache holds the
+// physical state (Engine::physical_states), then the application's again. 0 or the errno.
+int modify(Engine& e, ibv_qp* qp, ibv_qp_attr* attr, int mask, bool app_qp);
+bool to_reset_and_init(Engine& e, ibv_qp* qp, std::uint8_t port, unsigned int access, bool app_qp);
+bool to_error(Engine& e, ibv_qp* qp, bool app_qp);
+
+// RTR then RTS for one of the engine's own QPs (RoCE/IB with a GRH).
+struct EngineQpLink {
+  ibv_mtu mtu = IBV_MTU_1024;
+  std::uint32_t dest_qpn = 0;
+  std::uint32_t rq_psn = 0;
+  std::uint32_t sq_psn = 0;
+  Gid dest_gid{};
+  int sgid_index = 0;
+  std::uint8_t port = 1;
+  std::uint8_t rd_atomic = 1;
+  std::uint8_t timeout = 14;
+  std::uint8_t rnr_retry = 7;
+};
+// 0 or the provider's errno; *step names the state that failed.
+int connect_engine_qp(Engine& e, ibv_qp* qp, const EngineQpLink& link, const char** step);
+
+// The MTU this side offers for the standby pair: the backup port's, no larger than what the
+// application gave its primary.
+ibv_mtu standby_mtu(Engine& e, const Protection& p);
+
+// The application's ECE on its primary QP, read once; vendor 0 when the provider has none (rxe,
+// or a libibverbs older than ECE).
+const ibv_ece& primary_ece(Engine& e, Protection& p);
+
+// What the standby pair runs with: the options both primaries have. Each end computes it from
+// the same two values (its own primary's and the peer's, from the pairing message), so both
+// standbys agree without another round trip. None when either end has no ECE or the vendors
+// differ (the options of one vendor mean nothing to another).
+ibv_ece agree_ece(const ibv_ece& mine, const PairRequest& theirs);
+
+// Connects the standby QP to the peer's standby (RTR then RTS). False (logged) if it fails.
+bool connect_standby(Engine& e, Protection& p, std::uint32_t dest_qpn, const Gid& dest_gid,
+                     std::uint32_t dest_psn, std::uint8_t peer_mtu);
+
+// Back to INIT on its port, ready to be connected again: the application's QP with the access
+// flags the application gave it, the standby with all of them.
+bool reset_path(Engine& e, Protection& p, int path);
+// Connects a path that reset_path prepared to the peer's QP of that path: the primary with the
+// application's attributes, the standby as at pairing.
+bool connect_path(Engine& e, Protection& p, int path, std::uint32_t qpn, const Gid& gid,
+                  std::uint32_t psn);
+
+// A fresh 24-bit PSN for a path that is connected again.
+std::uint32_t random_psn();
+
+}  // namespace vf::failover

@@ -1,0 +1,257 @@
+#include "core/failover/srq_group.h"
+
+#include <errno.h>
+#include <string.h>
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/clock.h"
+#include "core/failover/devices.h"
+#include "core/failover/memory_mirror.h"
+#include "core/failover/path_switch.h"
+#include "core/failover/protection_status.h"
+#include "core/failover/qp_transitions.h"
+#include "core/failover/srq_sweep.h"
+#include "core/log.h"
+#include "core/verbs_names.h"
+
+namespace vf::failover {
+
+namespace {
+
+bool srq_member_in_use(const Protection& q) {
+  return !q.destroyed && !q.qp->application_failed.load() && q.qp->mode() != PostMode::kBypass;
+}
+
+// A QP of a moving SRQ that cannot move with it: its receives leave, so it fails as it would
+// have without the shim (its old QP to ERR, its held errors to the application).
+void give_up_member(Engine& e, Protection& q, const char* why) {
+  VirtualQp& v = *q.qp;
+  to_error(e, v.path[v.active_path()].qp, v.active_path() == kPrimary);
+  release_held_errors(q);
+  v.lock().lock();
+  v.set_mode(PostMode::kBypass);
+  v.lock().unlock();
+  set_unprotected(q, fmt::format("its shared receive queue moved without it ({})", why));
+}
+
+// A member whose pairing is in flight and whose own path still works: the SRQ's move waits for it.
+bool srq_member_still_pairing(const Protection& q) {
+  const VirtualQp& v = *q.qp;
+  return !q.paired && (q.pairing || q.start_pairing_pending) && !v.path[v.active_path()].failed &&
+         !v.link_error_seen.load();
+}
+
+}  // namespace
+
+SrqGroup* group_of(Engine& e, const VirtualQp& v) {
+  if (v.srq == nullptr) return nullptr;
+  auto it = e.srqs.find(v.srq->app_srq);
+  return it == e.srqs.end() ? nullptr : &it->second;
+}
+
+void switch_srq_group(Engine& e, SrqGroup& g, int target, FailoverReason reason,
+                      Protection* passive, std::uint32_t passive_epoch,
+                      std::uint64_t passive_delivered) {
+  VirtualSrq& srq = *g.srq;
+  std::vector<SrqGroup::PassiveMember> passives = std::move(g.pending.passives);
+  g.pending.passives.clear();
+  if (passive != nullptr) {
+    auto known = std::find_if(passives.begin(), passives.end(),
+                              [&](const auto& m) { return m.q == passive; });
+    if (known == passives.end()) known = passives.insert(passives.end(), {passive});
+    known->epoch = passive_epoch;
+    known->delivered = passive_delivered;
+  }
+  auto passive_of = [&](const Protection* q) -> const SrqGroup::PassiveMember* {
+    for (const auto& m : passives) {
+      if (m.q == q) return &m;
+    }
+    return nullptr;
+  };
+  std::vector<Protection*> movers, blocked, waiting;
+  for (VirtualQp* member : g.members) {
+    auto it = e.protections.find(member);
+    if (it == e.protections.end()) continue;
+    Protection& q = it->second;
+    if (passive_of(&q) != nullptr && srq_member_in_use(q) && !q.sw.in_progress) {
+      movers.push_back(&q);
+      continue;
+    }
+    if (!srq_member_in_use(q) || q.sw.in_progress || q.qp->active_path() == target) continue;
+    if (can_switch_to(q, target)) {
+      movers.push_back(&q);
+    } else if (reason != FailoverReason::kFailback && srq_member_still_pairing(q)) {
+      waiting.push_back(&q);
+    } else {
+      blocked.push_back(&q);
+    }
+  }
+  if (movers.empty()) {
+    g.pending = {};
+    return;
+  }
+  if (reason == FailoverReason::kFailback && !blocked.empty()) {
+    VF_LOG_DEBUG("srq {:#x}: failback waits for {} more QP(s) to be re-connected",
+                 srq.app_srq->handle, blocked.size());
+    return;
+  }
+  if (!waiting.empty()) {
+    const std::uint64_t now = monotonic_ns();
+    if (!g.pending.active) {
+      g.pending.active = true;
+      g.pending.since_ns = now;
+      VF_LOG_INFO(
+          "srq {:#x}: its move to the {} path waits for the pairing of {} QP(s) on it "
+          "(qp {}{}), at most {} ms",
+          srq.app_srq->handle, path_name(target), waiting.size(), waiting[0]->qp->vqpn,
+          waiting.size() > 1 ? ", ..." : "", kSrqPairingWaitNs / 1'000'000);
+    }
+    g.pending.target = target;
+    g.pending.reason = reason;
+    if (now - g.pending.since_ns < kSrqPairingWaitNs) {
+      g.pending.passives = std::move(passives);
+      return;
+    }
+    for (Protection* q : waiting) blocked.push_back(q);  // waited long enough
+  }
+  g.pending = {};
+  const int from = srq.active_path();
+  if (from != target && srq.may_hold_stale[target] && !sweep_srq(e, g, target)) {
+    if (reason == FailoverReason::kFailback) return;
+    for (Protection* q : movers) give_up_member(e, *q, "the other path's SRQ could not be swept");
+    return;
+  }
+  srq.set_holding(true);
+  for (Protection* q : blocked) give_up_member(e, *q, "no usable standby path of its own");
+  for (Protection* q : movers) {
+    if (const SrqGroup::PassiveMember* m = passive_of(q)) {
+      begin_switch(e, *q, target,
+                   reason == FailoverReason::kFailback ? reason : FailoverReason::kPeerRequest,
+                   m->epoch, false);
+    } else {
+      // Moved along with the QP whose peer asked: for its own peer, a request of ours.
+      const bool along = !passives.empty() && reason != FailoverReason::kFailback;
+      begin_switch(e, *q, target, along ? FailoverReason::kPeerRequest : reason, q->epoch + 1,
+                   true);
+    }
+  }
+  // Every QP of the SRQ is off the old path and its completions are in: what the record still
+  // holds was consumed by nobody.
+  const int moved = srq.move_to(target);
+  if (from != target) srq.may_hold_stale[from] = true;
+  if (moved < 0) {
+    VF_LOG_ERROR("srq {:#x}: not every receive could be posted on the {} SRQ", srq.app_srq->handle,
+                 path_name(target));
+  } else {
+    VF_LOG_INFO("srq {:#x}: {} receive(s) moved {} -> {} with {} QP(s)", srq.app_srq->handle, moved,
+                path_name(from), path_name(target), movers.size());
+  }
+  for (Protection* q : movers) {
+    if (const SrqGroup::PassiveMember* m = passive_of(q)) {
+      answer_failover(e, *q, m->delivered);
+      continue;
+    }
+    ask_peer_to_switch(e, *q, reason);
+  }
+}
+
+bool ensure_shadow_srq(Engine& e, SrqGroup& g, int backup_device) {
+  VirtualSrq& srq = *g.srq;
+  if (srq.shadow != nullptr) return srq.shadow_device_index == backup_device;
+  ShadowPd* pd = shadow_pd_for(e, g.pd, backup_device);
+  if (pd == nullptr) return false;
+  ibv_srq_init_attr init{};
+  init.attr.max_wr = srq.max_wr;
+  init.attr.max_sge = srq.max_sge;
+  ibv_srq* shadow = e.verbs.create_srq(pd->shadow, &init);
+  if (shadow == nullptr) {
+    VF_LOG_WARN("srq {:#x}: creating its shadow on {} failed ({})", srq.app_srq->handle,
+                e.devices[backup_device].name, strerror(errno));
+    return false;
+  }
+  srq.shadow = shadow;
+  srq.shadow_device_index = backup_device;
+  return true;
+}
+
+void pin_srq_group(Engine& e, SrqGroup& g, const std::string& why) {
+  if (!g.pinned_reason.empty()) return;
+  if (g.srq->active_path() != kPrimary) {
+    VF_LOG_ERROR(
+        "srq {:#x}: {} while its receives are on the standby SRQ; that QP gets none "
+        "until they move back",
+        g.srq->app_srq->handle, why);
+    return;
+  }
+  g.pinned_reason = why;
+  g.srq->pin_to_primary();
+  g.pending = {};  // a move that waited for this pairing will not happen
+  VF_LOG_WARN("srq {:#x}: unprotected from now on — {}", g.srq->app_srq->handle, why);
+  for (VirtualQp* member : g.members) {
+    auto it = e.protections.find(member);
+    if (it == e.protections.end() || it->second.destroyed) continue;
+    // A member whose path already failed (its move waited) gets the errors it would have got.
+    if (!it->second.sw.in_progress &&
+        (member->path[kPrimary].failed || member->link_error_seen.load())) {
+      release_held_errors(it->second);
+    }
+    member->lock().lock();
+    if (!it->second.sw.in_progress) member->set_mode(PostMode::kBypass);
+    member->lock().unlock();
+    it->second.pairing = false;
+    it->second.paired = false;
+    set_unprotected(it->second, fmt::format("its shared receive queue is unprotected ({})", why));
+  }
+}
+
+void srq_created(Engine& e, ibv_srq* srq, ibv_pd* pd) {
+  if (!engine_running(e) || srq == nullptr || e.srqs.count(srq) != 0) return;
+  const int device = device_of_context(e, srq->context);
+  if (device < 0 || e.devices[device].ports[1].backup_device < 0) {
+    VF_LOG_INFO("srq {:#x}: not protected — its device has no backup", srq->handle);
+    return;
+  }
+  ibv_srq_attr attr{};
+  if (e.verbs.query_srq(srq, &attr) != 0) {
+    VF_LOG_WARN("srq {:#x}: not protected — ibv_query_srq failed", srq->handle);
+    return;
+  }
+  if (attr.max_sge > VirtualSrq::kMaxSge) {
+    VF_LOG_WARN("srq {:#x}: not protected — {} SGEs per receive (the shim keeps up to {})",
+                srq->handle, attr.max_sge, VirtualSrq::kMaxSge);
+    return;
+  }
+  SrqGroup& g = e.srqs[srq];
+  g.pd = pd;
+  g.srq = std::make_unique<VirtualSrq>(srq, e.verbs.provider_ops(srq->context), attr.max_wr,
+                                       attr.max_sge, device);
+  datapath_registries::srqs_by_address.insert(srq, g.srq.get());
+}
+
+void srq_modified(Engine& e, ibv_srq* srq, ibv_srq_attr* attr, int mask) {
+  auto it = e.srqs.find(srq);
+  if (it == e.srqs.end() || it->second.srq->shadow == nullptr || !(mask & IBV_SRQ_MAX_WR)) return;
+  // The shadow must hold as many receives as the application's.
+  ibv_srq_attr resize{};
+  resize.max_wr = attr->max_wr;
+  if (e.verbs.modify_srq(it->second.srq->shadow, &resize, IBV_SRQ_MAX_WR) != 0) {
+    VF_LOG_WARN("srq {:#x}: resizing its shadow to {} failed", srq->handle, attr->max_wr);
+  }
+}
+
+void srq_destroyed(Engine& e, ibv_srq* srq) {
+  auto it = e.srqs.find(srq);
+  if (it == e.srqs.end()) return;
+  datapath_registries::srqs_by_address.erase(srq);
+  if (it->second.srq->shadow != nullptr) e.verbs.destroy_srq(it->second.srq->shadow);
+  // A poster that found the record before the erase is done with it once it lets go of it.
+  it->second.srq->lock().lock();
+  it->second.srq->lock().unlock();
+  e.srqs.erase(it);
+}
+
+}  // namespace vf::failover

@@ -1,0 +1,265 @@
+// The failover engine's rooms (core/failover/) driven one handler at a time: an Engine built by
+// the test (no thread, no socket, no device), one protected QP whose peer is in this process (its
+// messages land in Engine::local_inbox, where the test reads them), and a FAKE provider that
+// records every modify_qp and completes nothing. Each case hands one crafted message or event to
+// the function that owns it and checks the state it changed, and what it left alone.
+#include <catch2/catch.hpp>
+#include <cerrno>
+#include <memory>
+#include <variant>
+#include <vector>
+
+#include "core/failover/engine_state.h"
+#include "core/failover/pairing.h"
+#include "core/failover/path_recovery.h"
+#include "core/failover/path_switch.h"
+#include "core/failover/port_events.h"
+
+namespace {
+
+using vf::failover::Engine;
+using vf::failover::Protection;
+
+struct ModifyCall {
+  ibv_qp* qp;
+  ibv_qp_state state;
+};
+std::vector<ModifyCall> g_modifies;
+
+int fake_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
+  if (mask & IBV_QP_STATE) g_modifies.push_back({qp, attr->qp_state});
+  return 0;
+}
+int fake_poll_cq(ibv_cq*, int, ibv_wc*) {
+  return 0;
+}
+int fake_post_recv(ibv_qp*, ibv_recv_wr*, ibv_recv_wr** bad) {
+  *bad = nullptr;
+  return ENOSYS;  // no drain marker: the drain takes what the (empty) CQ holds
+}
+int fake_post_send(ibv_qp*, ibv_send_wr*, ibv_send_wr**) {
+  return 0;
+}
+ibv_context_ops g_ops = [] {
+  ibv_context_ops ops{};
+  ops.poll_cq = fake_poll_cq;
+  ops.post_recv = fake_post_recv;
+  ops.post_send = fake_post_send;
+  return ops;
+}();
+const ibv_context_ops* fake_provider_ops(ibv_context*) {
+  return &g_ops;
+}
+
+vf::Gid gid(std::uint8_t last) {
+  vf::Gid g{};
+  g[10] = 0xff;
+  g[11] = 0xff;
+  g[15] = last;
+  return g;
+}
+
+// fake0/1 backed up by fake1/1; the application's QP 17 on fake0 with its standby 18 on fake1,
+// paired with QP 33 of this process, traffic on the primary, both paths connected.
+struct Rig {
+  std::unique_ptr<Engine> e = std::make_unique<Engine>();
+  ibv_context contexts[2]{};
+  ibv_qp app_qp{};
+  ibv_qp standby_qp{};
+  ibv_cq cq{};
+  std::unique_ptr<vf::CqState> cq_state;
+  vf::VirtualQp* v = nullptr;
+  Protection* p = nullptr;
+
+  Rig() {
+    g_modifies.clear();
+    e->verbs.modify_qp = fake_modify_qp;
+    e->verbs.provider_ops = fake_provider_ops;
+    e->configured = e->started = true;
+    e->token = 1;
+    e->device_count = 2;
+    for (int i = 0; i < 2; ++i) {
+      e->devices[i].name = i == 0 ? "fake0" : "fake1";
+      e->devices[i].context = &contexts[i];
+      e->devices[i].port_count = 1;
+      e->devices[i].ports[1].state = IBV_PORT_ACTIVE;
+    }
+    e->devices[0].ports[1].backup_device = 1;
+    app_qp.qp_num = 17;
+    app_qp.context = &contexts[0];
+    app_qp.state = IBV_QPS_RTS;
+    standby_qp.qp_num = 18;
+    standby_qp.context = &contexts[1];
+    cq.context = &contexts[0];
+    cq.cqe = 64;
+    cq_state = std::make_unique<vf::CqState>(&cq, 0, &g_ops, 2 * 64 + 64);
+    ibv_qp_cap cap{};
+    cap.max_send_wr = cap.max_recv_wr = 16;
+    cap.max_send_sge = cap.max_recv_sge = 1;
+    auto qp = std::make_unique<vf::VirtualQp>(&app_qp, &g_ops, cap, false, cq_state.get(),
+                                              cq_state.get());
+    v = qp.get();
+    v->path[vf::kPrimary] = {&app_qp, 0, 1, 0, gid(1), 100, true, false};
+    v->path[vf::kStandby] = {&standby_qp, 1, 1, 0, gid(2), 200, true, false};
+    p = &e->protections[v];
+    p->qp = std::move(qp);
+    p->local = {17, gid(1)};
+    p->remote = {33, gid(3)};
+    p->remote_known = true;
+    p->paired = true;
+    p->peer.local = true;
+  }
+
+  vf::FailoverRequest request_from_peer(std::uint32_t epoch) const {
+    vf::FailoverRequest request;
+    request.local = p->remote;  // the sender's view: its QP, then ours
+    request.remote = p->local;
+    request.epoch = epoch;
+    request.reason = static_cast<std::uint32_t>(vf::FailoverReason::kPortDown);
+    request.target_path = vf::kStandby;
+    return request;
+  }
+  void deliver(const vf::FailoverRequest& m) {
+    vf::failover::handle_failover(*e, m.remote, m.delivered_messages, m.epoch, m.target_path, true,
+                                  static_cast<vf::FailoverReason>(m.reason));
+  }
+  template <typename Message>
+  std::vector<Message> sent() const {
+    std::vector<Message> out;
+    for (const auto& [token, message] : e->local_inbox) {
+      if (const auto* m = std::get_if<Message>(&message)) out.push_back(*m);
+    }
+    return out;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("FailoverRequest with the next epoch switches this side and answers with its count",
+          "[engine]") {
+  Rig rig;
+  rig.deliver(rig.request_from_peer(1));
+  CHECK(rig.v->active_path() == vf::kStandby);
+  CHECK_FALSE(rig.p->sw.in_progress);
+  CHECK(rig.p->epoch == 1);
+  CHECK(rig.p->failovers == 1);
+  REQUIRE(rig.p->events.size() == 1);
+  CHECK(std::string(rig.p->events[0].reason) == "peer_request");
+  // The old path stopped (ERR), then reset for a later re-arm (RESET, INIT); the standby untouched.
+  REQUIRE(g_modifies.size() == 3);
+  CHECK(g_modifies[0].qp == &rig.app_qp);
+  CHECK(g_modifies[0].state == IBV_QPS_ERR);
+  CHECK(g_modifies[1].state == IBV_QPS_RESET);
+  CHECK(g_modifies[2].state == IBV_QPS_INIT);
+  CHECK(rig.p->rearm[vf::kPrimary].needed);
+  // The application keeps reading the state it set.
+  CHECK(rig.app_qp.state == IBV_QPS_RTS);
+  const auto replies = rig.sent<vf::FailoverReply>();
+  REQUIRE(replies.size() == 1);
+  CHECK(replies[0].epoch == 1);
+  CHECK(replies[0].target_path == vf::kStandby);
+  CHECK(replies[0].delivered_messages == 0);
+  CHECK(replies[0].local == rig.p->local);
+}
+
+TEST_CASE("FailoverRequest with a stale epoch, or a reply to no switch, changes nothing",
+          "[engine]") {
+  Rig rig;
+  rig.p->epoch = 3;
+  rig.deliver(rig.request_from_peer(3));
+  rig.deliver(rig.request_from_peer(2));
+  vf::failover::handle_failover(*rig.e, rig.p->local, 0, 4, vf::kStandby, false,
+                                vf::FailoverReason::kPeerRequest);
+  CHECK(rig.v->active_path() == vf::kPrimary);
+  CHECK(rig.v->mode() == vf::PostMode::kDirect);
+  CHECK(rig.p->epoch == 3);
+  CHECK(rig.p->failovers == 0);
+  CHECK(g_modifies.empty());
+  CHECK(rig.e->local_inbox.empty());
+}
+
+TEST_CASE("A port down under the active path starts the switch and asks the peer", "[engine]") {
+  Rig rig;
+  vf::failover::on_port_change(*rig.e, 0, 1, IBV_PORT_DOWN);
+  CHECK(rig.v->path[vf::kPrimary].failed);
+  CHECK(rig.p->sw.in_progress);  // waits for the peer's count
+  CHECK(rig.v->active_path() == vf::kStandby);
+  CHECK(rig.v->mode() == vf::PostMode::kRouted);
+  const auto requests = rig.sent<vf::FailoverRequest>();
+  REQUIRE(requests.size() == 1);
+  CHECK(requests[0].epoch == 1);
+  CHECK(requests[0].reason == static_cast<std::uint32_t>(vf::FailoverReason::kPortDown));
+  CHECK(requests[0].target_path == vf::kStandby);
+  // The peer's reply finishes it.
+  vf::failover::handle_failover(*rig.e, rig.p->local, 0, 1, vf::kStandby, false,
+                                vf::FailoverReason::kPeerRequest);
+  CHECK_FALSE(rig.p->sw.in_progress);
+  CHECK(rig.p->failovers == 1);
+  CHECK(rig.p->unprotected_reason.find("port fake0/1 is down") != std::string::npos);
+}
+
+TEST_CASE("A port down under the idle standby reports the QP unprotected, no switch", "[engine]") {
+  Rig rig;
+  vf::failover::on_port_change(*rig.e, 1, 1, IBV_PORT_DOWN);
+  CHECK(rig.v->path[vf::kStandby].failed);
+  CHECK(rig.v->active_path() == vf::kPrimary);
+  CHECK_FALSE(rig.p->sw.in_progress);
+  CHECK(rig.p->rearm[vf::kStandby].needed);
+  CHECK(rig.p->unprotected_reason.find("standby path's port fake1/1 is down") != std::string::npos);
+  CHECK(g_modifies.empty());
+  const auto notices = rig.sent<vf::PathStatus>();
+  REQUIRE(notices.size() == 1);  // the peer is told (its side of the path looks fine)
+  CHECK(notices[0].path == vf::kStandby);
+  CHECK_FALSE(notices[0].up);
+}
+
+TEST_CASE("PathStatus: the peer's end of the idle standby lost its port", "[engine]") {
+  Rig rig;
+  vf::PathStatus status;
+  status.local = rig.p->remote;
+  status.remote = rig.p->local;
+  status.path = vf::kStandby;
+  status.up = false;
+  SECTION("from the pair's peer: the path is failed and the QP unprotected") {
+    vf::failover::handle_path_status(*rig.e, status);
+    CHECK(rig.v->path[vf::kStandby].failed);
+    CHECK(rig.p->rearm[vf::kStandby].needed);
+    CHECK(rig.p->unprotected_reason.find("lost its port") != std::string::npos);
+  }
+  SECTION("from an earlier pair of a reused QP number: ignored") {
+    status.local.qpn = 99;
+    vf::failover::handle_path_status(*rig.e, status);
+    CHECK_FALSE(rig.v->path[vf::kStandby].failed);
+    CHECK(rig.p->unprotected_reason.empty());
+  }
+}
+
+TEST_CASE("Rearm: a request for a path that is held down is not answered", "[engine]") {
+  Rig rig;
+  rig.v->path[vf::kStandby].connected = false;
+  rig.p->rearm[vf::kStandby].needed = true;
+  rig.p->hold[vf::kStandby].until_ns = ~0ull;
+  vf::Rearm request;
+  request.local = rig.p->remote;
+  request.remote = rig.p->local;
+  request.path = vf::kStandby;
+  request.nonce = 3;
+  vf::failover::handle_rearm(*rig.e, request);
+  CHECK(rig.p->rearm[vf::kStandby].seen_nonce == 3);
+  CHECK(rig.p->rearm[vf::kStandby].answered_nonce == 0);
+  CHECK_FALSE(rig.v->path[vf::kStandby].connected);
+  CHECK(g_modifies.empty());
+  CHECK(rig.e->local_inbox.empty());
+}
+
+TEST_CASE("PairRefused for want of a standby ends the pairing with the reason", "[engine]") {
+  Rig rig;
+  rig.p->paired = false;
+  rig.p->pairing = true;
+  vf::PairRefused refused{rig.p->remote, rig.p->local,
+                          static_cast<std::uint32_t>(vf::PairRefusal::kUnprotected)};
+  vf::failover::handle_pair_refused(*rig.e, refused);
+  CHECK_FALSE(rig.p->pairing);
+  CHECK_FALSE(rig.p->paired);
+  CHECK(rig.p->unprotected_reason.find("no standby") != std::string::npos);
+}
