@@ -132,7 +132,8 @@ inline bool engine_running(const Engine& e) {
 
 // Something for the engine's thread to act on (a message in the local inbox, a QP to pair...).
 inline void wake_engine(Engine& e) {
-  if (e.wake_fd >= 0) eventfd_write(e.wake_fd, 1);
+  const int fd = e.wake_fd;
+  if (fd >= 0) eventfd_write(fd, 1);
 }
 
 }  // namespace vf::failover

@@ -125,11 +125,11 @@ void qp_created(Engine& e, ibv_qp* qp, const ibv_qp_init_attr_ex& attr) {
 namespace {
 
 // The application's RTS attributes, kept to re-connect its QP after a re-arm.
-void record_rts(Protection& p, const ibv_qp_attr& adjusted, int mask) {
+void record_rts(Protection& p, const ibv_qp_attr& adjusted, int mask, const ibv_qp_attr& asked) {
   p.attrs.rts = adjusted;
   p.attrs.rts_mask = mask & ~IBV_QP_STATE;
   p.attrs.have_rts = true;
-  if (mask & IBV_QP_SQ_PSN) p.qp->path[kPrimary].psn = adjusted.sq_psn;
+  if (mask & IBV_QP_SQ_PSN) p.qp->path[kPrimary].psn = asked.sq_psn;
 }
 
 }  // namespace
@@ -158,7 +158,7 @@ int modify_app_qp(Engine& e, VirtualQp* v, ibv_qp* qp, ibv_qp_attr* attr, int ma
     // re-arm will reconnect it with; for the application it succeeds, as it would have.
     VF_LOG_DEBUG("qp {}: RTS recorded (its traffic is on the {} path)", qp->qp_num,
                  path_name(v->active_path()));
-    record_rts(p, adjusted, mask);
+    record_rts(p, adjusted, mask, *attr);
     qp->state = IBV_QPS_RTS;
     return 0;
   }
@@ -202,7 +202,7 @@ int modify_app_qp(Engine& e, VirtualQp* v, ibv_qp* qp, ibv_qp_attr* attr, int ma
       break;
     }
     case IBV_QPS_RTS:
-      record_rts(p, adjusted, mask);
+      record_rts(p, adjusted, mask, *attr);
       break;
     case IBV_QPS_ERR:
     case IBV_QPS_RESET:

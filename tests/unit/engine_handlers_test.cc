@@ -37,7 +37,19 @@ int fake_post_recv(ibv_qp*, ibv_recv_wr*, ibv_recv_wr** bad) {
   *bad = nullptr;
   return ENOSYS;  // no drain marker: the drain takes what the (empty) CQ holds
 }
-int fake_post_send(ibv_qp*, ibv_send_wr*, ibv_send_wr**) {
+struct PostCall {
+  ibv_qp* qp;
+  std::uint64_t wr_id;
+};
+std::vector<PostCall> g_posts;
+int fake_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr**) {
+  for (; wr != nullptr; wr = wr->next) g_posts.push_back({qp, wr->wr_id});
+  return 0;
+}
+ibv_port_state g_port_state = IBV_PORT_ACTIVE;  // what every port says when asked
+int fake_query_port(ibv_context*, uint8_t, ibv_port_attr* attr) {
+  *attr = {};
+  attr->state = g_port_state;
   return 0;
 }
 ibv_context_ops g_ops = [] {
@@ -73,7 +85,10 @@ struct Rig {
 
   Rig() {
     g_modifies.clear();
+    g_posts.clear();
+    g_port_state = IBV_PORT_ACTIVE;
     e->verbs.modify_qp = fake_modify_qp;
+    e->verbs.query_port = fake_query_port;
     e->verbs.provider_ops = fake_provider_ops;
     e->configured = e->started = true;
     e->token = 1;
@@ -81,6 +96,7 @@ struct Rig {
     for (int i = 0; i < 2; ++i) {
       e->devices[i].name = i == 0 ? "fake0" : "fake1";
       e->devices[i].context = &contexts[i];
+      contexts[i].ops = g_ops;
       e->devices[i].port_count = 1;
       e->devices[i].ports[1].state = IBV_PORT_ACTIVE;
     }
@@ -96,6 +112,7 @@ struct Rig {
     ibv_qp_cap cap{};
     cap.max_send_wr = cap.max_recv_wr = 16;
     cap.max_send_sge = cap.max_recv_sge = 1;
+    cap.max_inline_data = 64;
     auto qp = std::make_unique<vf::VirtualQp>(&app_qp, &g_ops, cap, false, cq_state.get(),
                                               cq_state.get());
     v = qp.get();
@@ -108,6 +125,20 @@ struct Rig {
     p->remote_known = true;
     p->paired = true;
     p->peer.local = true;
+  }
+
+  // One signaled inline SEND (a receive-consuming message), posted as the application would.
+  void post_send(std::uint64_t wr_id) {
+    char payload[8] = "message";
+    ibv_sge sge{reinterpret_cast<std::uintptr_t>(payload), sizeof payload, 0};
+    ibv_send_wr wr{};
+    wr.wr_id = wr_id;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_SEND;
+    wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+    ibv_send_wr* bad = nullptr;
+    REQUIRE(v->post_send(&wr, &bad) == 0);
   }
 
   vf::FailoverRequest request_from_peer(std::uint32_t epoch) const {
@@ -160,6 +191,53 @@ TEST_CASE("FailoverRequest with the next epoch switches this side and answers wi
   CHECK(replies[0].target_path == vf::kStandby);
   CHECK(replies[0].delivered_messages == 0);
   CHECK(replies[0].local == rig.p->local);
+}
+
+TEST_CASE("The replay is exactly what the peer did not deliver", "[engine]") {
+  Rig rig;
+  rig.post_send(0x51);
+  REQUIRE(g_posts.size() == 1);  // on the primary, as the application posted it
+  CHECK(g_posts[0].qp == &rig.app_qp);
+  auto request = rig.request_from_peer(1);
+  SECTION("delivered: completed as proven done, not sent again") {
+    request.delivered_messages = 1;
+    rig.deliver(request);
+    CHECK(rig.v->counters.replayed_wrs.load() == 0);
+    CHECK(rig.v->counters.synthesized_completions.load() == 1);
+    CHECK(g_posts.size() == 1);
+    ibv_wc wc{};
+    REQUIRE(rig.cq_state->stash.pop(1, &wc) == 1);
+    CHECK(wc.wr_id == 0x51);
+    CHECK(wc.status == IBV_WC_SUCCESS);
+  }
+  SECTION("not delivered: sent again on the standby, once") {
+    request.delivered_messages = 0;
+    rig.deliver(request);
+    CHECK(rig.v->counters.replayed_wrs.load() == 1);
+    CHECK(rig.v->counters.synthesized_completions.load() == 0);
+    REQUIRE(g_posts.size() == 2);
+    CHECK(g_posts[1].qp == &rig.standby_qp);
+    CHECK(rig.cq_state->stash.size() == 0);
+  }
+}
+
+TEST_CASE("FailoverRequest for a silent failure holds the path down while its port is ACTIVE",
+          "[engine]") {
+  Rig rig;
+  auto request = rig.request_from_peer(1);
+  request.reason = static_cast<std::uint32_t>(vf::FailoverReason::kErrorCompletion);
+  SECTION("port ACTIVE: held down, reported unprotected") {
+    rig.deliver(request);
+    CHECK(rig.v->active_path() == vf::kStandby);
+    CHECK(rig.p->hold[vf::kPrimary].until_ns != 0);
+    CHECK(rig.p->unprotected_reason.find("held down") != std::string::npos);
+  }
+  SECTION("port down: the port explains it, no hold") {
+    g_port_state = IBV_PORT_DOWN;
+    rig.deliver(request);
+    CHECK(rig.v->active_path() == vf::kStandby);
+    CHECK(rig.p->hold[vf::kPrimary].until_ns == 0);
+  }
 }
 
 TEST_CASE("FailoverRequest with a stale epoch, or a reply to no switch, changes nothing",
