@@ -124,10 +124,44 @@ void qp_created(Engine& e, ibv_qp* qp, const ibv_qp_init_attr_ex& attr) {
 
 namespace {
 
+// What one modify of the application's gives for a state, merged into what it gave for that state
+// before: an attribute the modify names replaces the kept one, the others stay. An RTS -> RTS
+// modify of min_rnr_timer alone must not make the shim forget the send PSN, timeout and retry
+// counts that re-connecting the primary needs (it would fail with EINVAL: no failback).
+// IBV_QP_CUR_STATE is not kept: it asserts the state the QP was in at that call, not the one a
+// re-connection starts from.
+void merge_attrs(ibv_qp_attr& kept, int& kept_mask, const ibv_qp_attr& attr, int mask) {
+  if (mask & IBV_QP_EN_SQD_ASYNC_NOTIFY) kept.en_sqd_async_notify = attr.en_sqd_async_notify;
+  if (mask & IBV_QP_ACCESS_FLAGS) kept.qp_access_flags = attr.qp_access_flags;
+  if (mask & IBV_QP_PKEY_INDEX) kept.pkey_index = attr.pkey_index;
+  if (mask & IBV_QP_PORT) kept.port_num = attr.port_num;
+  if (mask & IBV_QP_QKEY) kept.qkey = attr.qkey;
+  if (mask & IBV_QP_AV) kept.ah_attr = attr.ah_attr;
+  if (mask & IBV_QP_PATH_MTU) kept.path_mtu = attr.path_mtu;
+  if (mask & IBV_QP_TIMEOUT) kept.timeout = attr.timeout;
+  if (mask & IBV_QP_RETRY_CNT) kept.retry_cnt = attr.retry_cnt;
+  if (mask & IBV_QP_RNR_RETRY) kept.rnr_retry = attr.rnr_retry;
+  if (mask & IBV_QP_RQ_PSN) kept.rq_psn = attr.rq_psn;
+  if (mask & IBV_QP_MAX_QP_RD_ATOMIC) kept.max_rd_atomic = attr.max_rd_atomic;
+  if (mask & IBV_QP_ALT_PATH) {
+    kept.alt_ah_attr = attr.alt_ah_attr;
+    kept.alt_pkey_index = attr.alt_pkey_index;
+    kept.alt_port_num = attr.alt_port_num;
+    kept.alt_timeout = attr.alt_timeout;
+  }
+  if (mask & IBV_QP_MIN_RNR_TIMER) kept.min_rnr_timer = attr.min_rnr_timer;
+  if (mask & IBV_QP_SQ_PSN) kept.sq_psn = attr.sq_psn;
+  if (mask & IBV_QP_MAX_DEST_RD_ATOMIC) kept.max_dest_rd_atomic = attr.max_dest_rd_atomic;
+  if (mask & IBV_QP_PATH_MIG_STATE) kept.path_mig_state = attr.path_mig_state;
+  if (mask & IBV_QP_CAP) kept.cap = attr.cap;
+  if (mask & IBV_QP_DEST_QPN) kept.dest_qp_num = attr.dest_qp_num;
+  if (mask & IBV_QP_RATE_LIMIT) kept.rate_limit = attr.rate_limit;
+  kept_mask |= mask & ~(IBV_QP_STATE | IBV_QP_CUR_STATE);
+}
+
 // The application's RTS attributes, kept to re-connect its QP after a re-arm.
 void record_rts(Protection& p, const ibv_qp_attr& adjusted, int mask, const ibv_qp_attr& asked) {
-  p.attrs.rts = adjusted;
-  p.attrs.rts_mask = mask & ~IBV_QP_STATE;
+  merge_attrs(p.attrs.rts, p.attrs.rts_mask, adjusted, mask);
   p.attrs.have_rts = true;
   if (mask & IBV_QP_SQ_PSN) p.qp->path[kPrimary].psn = asked.sq_psn;
 }
@@ -166,14 +200,12 @@ int modify_app_qp(Engine& e, VirtualQp* v, ibv_qp* qp, ibv_qp_attr* attr, int ma
   if (result != 0 || !(mask & IBV_QP_STATE)) return result;
   switch (attr->qp_state) {
     case IBV_QPS_INIT:
-      p.attrs.init = adjusted;
-      p.attrs.init_mask = mask & ~IBV_QP_STATE;
+      merge_attrs(p.attrs.init, p.attrs.init_mask, adjusted, mask);
       p.attrs.have_init = true;
       if (mask & IBV_QP_PORT) v->path[kPrimary].port = attr->port_num;
       break;
     case IBV_QPS_RTR: {
-      p.attrs.rtr = adjusted;
-      p.attrs.rtr_mask = mask & ~IBV_QP_STATE;
+      merge_attrs(p.attrs.rtr, p.attrs.rtr_mask, adjusted, mask);
       p.attrs.have_rtr = true;
       ibv_gid gid{};
       const int gid_index =

@@ -61,8 +61,14 @@
    its drain waits up to 1 s and logs that the device does not flush (run_exactly_once.sh fails
    a run whose shim log says so).
 
+   --rts-modify: once connected, every QP is modified RTS -> RTS with a new min_rnr_timer alone
+   (IBV_QP_STATE | IBV_QP_MIN_RNR_TIMER), as an application tuning a live connection does. A shim
+   that kept only that modify's attributes for re-connecting the primary (its RTS needs the send
+   PSN, timeout and retry counts) could not re-arm it: no failback.
+
    Usage: exactly_once SCENARIO [--wr-api] [--sig-all] [--split-cq] [--srq] [--cq-ex] [--rereg]
-                                [--resize-cq] [--ece] [--rxe-flush] [--timeout-ms N]
+                                [--resize-cq] [--ece] [--rxe-flush] [--rts-modify]
+                                [--timeout-ms N]
           exactly_once selftest      (feeds duplicates/losses/reorders to the checker itself)
    Scenarios: see the table at the end of exactly_once_cuts.c (a new cut point is a scenario_*
    function there and a row in that table). Output: "PASS ..." and exit 0; "FAIL: ..." lines
@@ -93,6 +99,7 @@ int g_ece = 0;            /* --ece: every QP set to ECE_OPTIONS before RTR */
 int g_rxe_flush = 0;      /* --rxe-flush: every device flushes an ERR QP's new receives late */
 int g_silent_cut = 0;     /* --silent-cut: the cut drops fake0's packets, no port event */
 int g_rxe_retry = 0;      /* --rxe-retry: retry_cnt 7 retries without end on every device */
+int g_rts_modify = 0;     /* --rts-modify: an RTS -> RTS modify of min_rnr_timer once connected */
 
 /* ------------------------------------------------------------------ main */
 
@@ -101,7 +108,7 @@ int main(int argc, char** argv) {
   if (argc < 2) {
     fprintf(stderr,
             "usage: %s SCENARIO|selftest [--wr-api] [--sig-all] [--split-cq] [--srq] [--cq-ex] "
-            "[--rereg] [--resize-cq] [--ece] [--rxe-flush] [--timeout-ms N]\n",
+            "[--rereg] [--resize-cq] [--ece] [--rxe-flush] [--rts-modify] [--timeout-ms N]\n",
             argv[0]);
     return 2;
   }
@@ -129,6 +136,8 @@ int main(int argc, char** argv) {
       g_silent_cut = 1;
     else if (strcmp(argv[i], "--rxe-retry") == 0)
       g_rxe_retry = 1;
+    else if (strcmp(argv[i], "--rts-modify") == 0)
+      g_rts_modify = 1;
     else if (strcmp(argv[i], "--timeout-ms") == 0 && i + 1 < argc)
       g_timeout_ms = atoi(argv[++i]);
     else {

@@ -143,6 +143,7 @@ extern int g_cq_ex;
 extern int g_rereg;
 extern int g_resize_cq;
 extern int g_ece;
+extern int g_rts_modify;
 extern int g_rxe_flush;
 extern int g_silent_cut;
 extern int g_rxe_retry;

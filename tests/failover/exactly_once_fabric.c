@@ -228,6 +228,16 @@ static void rereg_side(struct side* s) {
   if (s->pair2) s->pair2->buf = buf2; /* --srq: A2/B2 share the side's MR and buffer */
 }
 
+/* --rts-modify: RTS -> RTS with one attribute, the way an application tunes a live QP. */
+static void modify_rts_to_rts(struct side* s) {
+  struct ibv_qp_attr attr;
+  memset(&attr, 0, sizeof attr);
+  attr.qp_state = IBV_QPS_RTS;
+  attr.min_rnr_timer = 14;
+  if (ibv_modify_qp(s->qp, &attr, IBV_QP_STATE | IBV_QP_MIN_RNR_TIMER) != 0)
+    setup_fail("%s: ibv_modify_qp RTS -> RTS (min_rnr_timer) failed: %s", s->name, strerror(errno));
+}
+
 void setup(int recvs_a, int recvs_b) {
   fv.reset();
   for (int dev = 0; g_rxe_flush && dev < fv.device_count(); ++dev)
@@ -257,6 +267,10 @@ void setup(int recvs_a, int recvs_b) {
     printf("QPN A2=%u B2=%u\n", g_a2.qp->qp_num, g_b2.qp->qp_num);
   }
   /* Connected, no traffic yet: the options that change resources in place do it now. */
+  if (g_rts_modify) {
+    modify_rts_to_rts(&g_a);
+    modify_rts_to_rts(&g_b);
+  }
   if (g_resize_cq) {
     resize_cqs(&g_a);
     resize_cqs(&g_b);

@@ -14,6 +14,8 @@
 #include "core/failover/path_recovery.h"
 #include "core/failover/path_switch.h"
 #include "core/failover/port_events.h"
+#include "core/failover/qp_lifecycle.h"
+#include "core/failover/qp_transitions.h"
 
 namespace {
 
@@ -23,11 +25,13 @@ using vf::failover::Protection;
 struct ModifyCall {
   ibv_qp* qp;
   ibv_qp_state state;
+  int mask;
+  ibv_qp_attr attr;
 };
 std::vector<ModifyCall> g_modifies;
 
 int fake_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
-  if (mask & IBV_QP_STATE) g_modifies.push_back({qp, attr->qp_state});
+  if (mask & IBV_QP_STATE) g_modifies.push_back({qp, attr->qp_state, mask, *attr});
   return 0;
 }
 int fake_poll_cq(ibv_cq*, int, ibv_wc*) {
@@ -44,6 +48,11 @@ struct PostCall {
 std::vector<PostCall> g_posts;
 int fake_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr**) {
   for (; wr != nullptr; wr = wr->next) g_posts.push_back({qp, wr->wr_id});
+  return 0;
+}
+int fake_query_gid(ibv_context*, uint8_t, int index, ibv_gid* gid) {
+  *gid = {};
+  gid->raw[15] = static_cast<std::uint8_t>(index + 1);
   return 0;
 }
 ibv_port_state g_port_state = IBV_PORT_ACTIVE;  // what every port says when asked
@@ -89,6 +98,7 @@ struct Rig {
     g_port_state = IBV_PORT_ACTIVE;
     e->verbs.modify_qp = fake_modify_qp;
     e->verbs.query_port = fake_query_port;
+    e->verbs.query_gid = fake_query_gid;
     e->verbs.provider_ops = fake_provider_ops;
     e->configured = e->started = true;
     e->token = 1;
@@ -340,4 +350,57 @@ TEST_CASE("PairRefused for want of a standby ends the pairing with the reason", 
   CHECK_FALSE(rig.p->pairing);
   CHECK_FALSE(rig.p->paired);
   CHECK(rig.p->unprotected_reason.find("no standby") != std::string::npos);
+}
+
+TEST_CASE("An RTS -> RTS modify of one attribute keeps the others for re-connecting the primary",
+          "[engine]") {
+  Rig rig;
+  rig.p->attrs = {};
+  ibv_qp_attr rtr{};
+  rtr.qp_state = IBV_QPS_RTR;
+  rtr.path_mtu = IBV_MTU_1024;
+  rtr.dest_qp_num = 33;
+  rtr.max_dest_rd_atomic = 1;
+  rtr.min_rnr_timer = 12;
+  rtr.ah_attr.is_global = 1;
+  rtr.ah_attr.port_num = 1;
+  const int rtr_mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                       IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+  ibv_qp_attr rts{};
+  rts.qp_state = IBV_QPS_RTS;
+  rts.timeout = 14;
+  rts.retry_cnt = 5;
+  rts.rnr_retry = 7;
+  rts.max_rd_atomic = 1;
+  rts.sq_psn = 0x123;
+  const int rts_mask = IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                       IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
+  ibv_qp_attr tune{};
+  tune.qp_state = IBV_QPS_RTS;
+  tune.min_rnr_timer = 14;
+  tune.cur_qp_state = IBV_QPS_RTS;
+  const int tune_mask = IBV_QP_STATE | IBV_QP_MIN_RNR_TIMER | IBV_QP_CUR_STATE;
+  REQUIRE(vf::failover::modify_app_qp(*rig.e, rig.v, &rig.app_qp, &rtr, rtr_mask, fake_modify_qp) ==
+          0);
+  REQUIRE(vf::failover::modify_app_qp(*rig.e, rig.v, &rig.app_qp, &rts, rts_mask, fake_modify_qp) ==
+          0);
+  REQUIRE(vf::failover::modify_app_qp(*rig.e, rig.v, &rig.app_qp, &tune, tune_mask,
+                                      fake_modify_qp) == 0);
+  const int kept = rig.p->attrs.rts_mask;
+  CHECK((kept & (rts_mask & ~IBV_QP_STATE)) == (rts_mask & ~IBV_QP_STATE));
+  CHECK((kept & IBV_QP_MIN_RNR_TIMER) != 0);
+  CHECK((kept & IBV_QP_CUR_STATE) == 0);  // asserted the state of that call, not a re-arm's
+  CHECK(rig.p->attrs.rts.retry_cnt == 5);
+  CHECK(rig.p->attrs.rts.min_rnr_timer == 14);
+  // The re-connection's RTS carries every attribute RTR -> RTS requires, and the tuned one.
+  g_modifies.clear();
+  REQUIRE(vf::failover::connect_path(*rig.e, *rig.p, vf::kPrimary, 33, vf::Gid{}, 0x77));
+  REQUIRE(g_modifies.size() == 2);
+  CHECK(g_modifies[0].state == IBV_QPS_RTR);
+  CHECK(g_modifies[1].state == IBV_QPS_RTS);
+  const int required = IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                       IBV_QP_MAX_QP_RD_ATOMIC;
+  CHECK((g_modifies[1].mask & required) == required);
+  CHECK(g_modifies[1].attr.min_rnr_timer == 14);
+  CHECK(g_modifies[1].attr.retry_cnt == 5);
 }
