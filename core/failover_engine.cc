@@ -122,8 +122,9 @@ int FailoverEngine::modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask,
   return failover::modify_app_qp(e, v, qp, attr, mask, real);
 }
 
-void FailoverEngine::on_qp_queried(ibv_qp* qp, ibv_qp_attr* attr, int /*mask*/) {
-  failover::qp_queried(qp, attr);
+void FailoverEngine::on_qp_queried(ibv_qp* qp, ibv_qp_attr* attr, int mask,
+                                   ibv_qp_state application_view) {
+  failover::qp_queried(qp, attr, mask, application_view);
 }
 
 void FailoverEngine::on_qp_destroy(ibv_qp* qp) {

@@ -44,8 +44,10 @@ class FailoverEngine {
   // application's own).
   int modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask,
                 int (*real)(ibv_qp*, ibv_qp_attr*, int));
-  // After a successful ibv_query_qp: a protected QP reads RTS whatever its physical state.
-  void on_qp_queried(ibv_qp* qp, ibv_qp_attr* attr, int mask);
+  // After a successful ibv_query_qp, given qp->state from before it (libibverbs overwrote it
+  // with the provider's state): a protected QP reads the state the application set, whatever
+  // its physical one (in qp->state and in attr).
+  void on_qp_queried(ibv_qp* qp, ibv_qp_attr* attr, int mask, ibv_qp_state application_view);
   void on_qp_destroy(ibv_qp* qp);  // before the provider destroys it
   void on_mr_registered(ibv_mr* mr, void* addr, std::size_t length, std::uint64_t iova,
                         unsigned int access, int dmabuf_fd, std::uint64_t dmabuf_offset);

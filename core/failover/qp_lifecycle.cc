@@ -262,12 +262,18 @@ int modify_app_qp(Engine& e, VirtualQp* v, ibv_qp* qp, ibv_qp_attr* attr, int ma
   return result;
 }
 
-void qp_queried(ibv_qp* qp, ibv_qp_attr* attr) {
+void qp_queried(ibv_qp* qp, ibv_qp_attr* attr, int mask, ibv_qp_state application_view) {
   VirtualQp* v = find_virtual_qp(qp);
-  if (v == nullptr || attr == nullptr || v->application_failed.load()) return;
-  if (qp->state == IBV_QPS_RTS) {
-    attr->qp_state = IBV_QPS_RTS;
-    attr->cur_qp_state = IBV_QPS_RTS;
+  // Pass-through for good (never paired, or given up): the physical state is the application's
+  // business, as without the shim.
+  if (v == nullptr || attr == nullptr || v->application_failed.load() ||
+      v->mode() == PostMode::kBypass) {
+    return;
+  }
+  qp->state = application_view;
+  if (mask & IBV_QP_STATE) {
+    attr->qp_state = application_view;
+    attr->cur_qp_state = application_view;
   }
 }
 

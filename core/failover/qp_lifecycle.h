@@ -17,8 +17,10 @@ int modify_app_qp(Engine& e, VirtualQp* v, ibv_qp* qp, ibv_qp_attr* attr, int ma
 // Before the provider destroys the QP: the standby goes, the record stays for the stats.
 void qp_destroying(Engine& e, ibv_qp* qp);
 
-// After a successful ibv_query_qp: a protected QP reads RTS whatever its physical state.
-// Lock-free.
-void qp_queried(ibv_qp* qp, ibv_qp_attr* attr);
+// After a successful ibv_query_qp (libibverbs has written the provider's state into qp->state):
+// a protected QP the application has not taken down reads the state it set (application_view,
+// qp->state before the query), in qp->state and attr, whatever its physical state (INIT or ERR
+// while its traffic runs on the standby). Lock-free.
+void qp_queried(ibv_qp* qp, ibv_qp_attr* attr, int mask, ibv_qp_state application_view);
 
 }  // namespace vf::failover

@@ -83,9 +83,13 @@ VF_EXPORT int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
 VF_EXPORT int ibv_query_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask, ibv_qp_init_attr* init_attr) {
   return intercept("ibv_query_qp", VF_ARGS("{} mask={:#x}", describe_qp(qp), mask),
                    [&] {
+                     // libibverbs writes the provider's (physical) state into qp->state: the
+                     // application's view is what it held before.
+                     const ibv_qp_state application_view = qp->state;
                      const int result = real_verbs().ibv_query_qp(qp, attr, mask, init_attr);
                      if (result == 0 && vf::shim::shim_active()) {
-                       vf::FailoverEngine::instance().on_qp_queried(qp, attr, mask);
+                       vf::FailoverEngine::instance().on_qp_queried(qp, attr, mask,
+                                                                    application_view);
                      }
                      return result;
                    });

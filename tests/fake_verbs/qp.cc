@@ -244,7 +244,8 @@ FAKE_EXPORT int ibv_modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) {
   return 0;
 }
 
-FAKE_EXPORT int ibv_query_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int, ibv_qp_init_attr* init_attr) {
+FAKE_EXPORT int ibv_query_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask,
+                             ibv_qp_init_attr* init_attr) {
   auto lock = fabric_lock();
   Qp* qp = to_qp(ibqp);
   *attr = qp->attr;
@@ -262,6 +263,8 @@ FAKE_EXPORT int ibv_query_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int, ibv_qp_init_a
     init_attr->qp_type = IBV_QPT_RC;
     init_attr->sq_sig_all = qp->sq_sig_all ? 1 : 0;
   }
+  // As libibverbs' ibv_query_qp does after the provider's query: the cached state follows.
+  if (mask & IBV_QP_STATE) ibqp->state = attr->qp_state;
   return 0;
 }
 
