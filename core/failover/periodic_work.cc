@@ -33,9 +33,15 @@ void report_late_resume(Engine& e, Protection& p) {
   ibv_qp_attr attr{};
   ibv_qp_init_attr init{};
   std::string physical = "not queried";
-  if (qp != nullptr && e.verbs.query_qp != nullptr &&
+  // libibverbs copies the queried state into qp->state; the active path's QP may be the
+  // application's own, whose qp->state must keep the application's view (§5e).
+  const ibv_qp_state application_view = qp != nullptr ? qp->state : IBV_QPS_RESET;
+  const bool queried =
+      qp != nullptr && e.verbs.query_qp != nullptr &&
       e.verbs.query_qp(qp, &attr, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_RQ_PSN | IBV_QP_DEST_QPN,
-                       &init) == 0) {
+                       &init) == 0;
+  if (qp != nullptr) qp->state = application_view;
+  if (queried) {
     physical =
         fmt::format("state {}, sq_psn {:#x}, rq_psn {:#x}, dest qp {}",
                     qp_state_name(attr.qp_state), attr.sq_psn, attr.rq_psn, attr.dest_qp_num);
