@@ -2,7 +2,7 @@
 """Holds docs/design.md's map of the failover engine (§5, "Map of the engine") against the code.
 
 Every file of core/failover/ (and core/failover_engine.*) must have a row; every row must name a
-file that exists; and each .cc may include only the room headers its row lists under "may call"
+file that exists; no file under core/ includes a shim/ header; and each .cc may include only the room headers its row lists under "may call"
 (the shared state, engine_state.h, protection.h and limits.h, is open to every room). Exit 1 with
 one line per disagreement.
 """
@@ -39,6 +39,14 @@ for name, (sub, may_call) in sorted(rows.items()):
         problems.append(f"core/{sub}{name}.cc includes {room}.h, not in its 'may call' in docs/design.md")
     for room in sorted(may_call - included):
         problems.append(f"docs/design.md: {name} may call {room}, but core/{sub}{name}.cc does not include it")
+# core/ reaches the provider only through the VerbsApi table: no file of it includes a shim/ header.
+for root, _, files in os.walk(os.path.join(repo, "core")):
+    for f in files:
+        if f.endswith((".h", ".cc")):
+            path = os.path.join(root, f)
+            for n, line in enumerate(open(path, encoding="utf-8"), 1):
+                if re.match(r'\s*#\s*include\s*"shim/', line):
+                    problems.append(f"{os.path.relpath(path, repo)}:{n}: includes a shim/ header; core/ must not")
 for problem in problems:
     print(problem)
 print(f"design map: {len(rows)} rows, {len(problems)} problem(s)")
