@@ -22,11 +22,14 @@ inline bool log_enabled(LogLevel level) {
   return level <= log_detail::g_level.load(std::memory_order_relaxed);
 }
 
-// Points the logger at a file (empty: stderr). Returns an error text when the file cannot be
-// opened, in which case the logger keeps writing to stderr.
+// Points the logger at a file (empty: stderr). The file is created with the first line written
+// to it, not before (a process that never logs leaves no file). Returns an error text when the
+// file could not be opened (checked now, without creating it), in which case the logger keeps
+// writing to stderr.
 std::string log_configure(LogLevel level, const std::string& file);
 LogLevel log_level();
-// The fd lines go to; the crash handler writes its stack there too.
+// The fd lines go to (opening the configured file if no line has yet); the crash handler
+// writes its stack there too.
 int log_fd();
 // Drops the file the logger holds (after fork the child reopens nothing: it keeps the same fd,
 // which is shared with the parent and opened O_APPEND, so lines still land whole).

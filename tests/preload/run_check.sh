@@ -106,6 +106,20 @@ case "$case_name" in
     [ -s "$log" ] || fail "no log file vf-$pid.log (found: $(ls "$work"))"
     expect_in "$log" "^verbs-failover\[$pid:$pid\] trace: ibv_get_device_list\(.*\) = .* errno=[0-9]+.* \([0-9]+ ns\)$"
     ;;
+  log_file_lazy)
+    # A process that loads the shim and never touches verbs (a job-wide preload reaches every
+    # shell, python and data-loader worker) leaves no log file behind: files appear only when
+    # there is something to write. The same setting, with something to write, still makes one.
+    run env LD_PRELOAD="$VF_SHIM" "VERBS_FAILOVER_LOG_FILE=$work/quiet-%p.log" \
+      bash -c 'echo "PID $$"; /bin/true; exec /bin/true' >"$out" 2>&1 || fail "shell failed under the shim"
+    found=$(find "$work" -name 'quiet-*.log' | wc -l)
+    [ "$found" -eq 0 ] || fail "$found log file(s) created by processes with nothing to log: $(ls "$work")"
+    run env LD_PRELOAD="$VF_SHIM" VERBS_FAILOVER_LOG=debug "VERBS_FAILOVER_LOG_FILE=$work/debug-%p.log" \
+      bash -c 'echo "PID $$"; exec /bin/true' >"$out" 2>&1 || fail "shell failed under the shim"
+    pid=$(awk '/^PID/{print $2}' "$out")
+    [ -s "$work/debug-$pid.log" ] || fail "no log file debug-$pid.log with something to write (found: $(ls "$work"))"
+    expect_in "$work/debug-$pid.log" "debug: initialised: hooks active"
+    ;;
   fork)
     # fork() after initialisation: children use verbs and log as themselves.
     run env LD_PRELOAD="$VF_SHIM" "${trace_env[@]}" "$VF_BIN/vf_fork_program" >"$out" 2>&1 ||

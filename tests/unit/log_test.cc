@@ -67,3 +67,23 @@ TEST_CASE("log_enabled is a plain level comparison") {
   CHECK(vf::log_enabled(vf::LogLevel::kTrace));
   vf::log_reset_for_tests();
 }
+
+TEST_CASE("the log file is created by its first line, not by configuring it") {
+  const std::string path = temp_path() + ".d";  // a name no file has yet
+  REQUIRE(vf::log_configure(vf::LogLevel::kWarn, path).empty());
+  VF_LOG_INFO("below the level: writes nothing");
+  CHECK(access(path.c_str(), F_OK) != 0);
+  VF_LOG_WARN("first line");
+  CHECK(read_file(path).find("] warn: first line\n") != std::string::npos);
+  vf::log_reset_for_tests();
+  unlink(path.c_str());
+}
+
+TEST_CASE("a log file whose directory is not a directory is refused at configure time") {
+  const std::string path = temp_path();  // a file: "path/x.log" cannot be created
+  const std::string error = vf::log_configure(vf::LogLevel::kWarn, path + "/x.log");
+  CHECK(error.find("VERBS_FAILOVER_LOG_FILE='" + path + "/x.log' cannot be opened (Not a directory)") == 0);
+  unlink(path.c_str());
+  CHECK(vf::log_fd() == STDERR_FILENO);
+  vf::log_reset_for_tests();
+}
