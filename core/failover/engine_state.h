@@ -121,6 +121,9 @@ struct Engine {
   std::map<ibv_comp_channel*, ChannelState> channels;
   std::vector<std::pair<std::uint64_t, ControlMessage>> local_inbox;  // (unused token, message)
   std::uint64_t next_stats_ns = 0;
+  // Messages about a pair that did not come from its peer (message_dispatch.cc): dropped, and
+  // logged at the 1st, 2nd, 4th, 8th... so that a flood costs a few lines.
+  std::uint64_t foreign_messages = 0;
   std::uint64_t rearm_retry_ns = kRearmRetryNs;
   std::uint64_t resume_late_ns = kResumeLateNs;
   std::uint64_t first_hold_down_ns = kFirstHoldDownNs;

@@ -9,6 +9,7 @@
 #include "core/clock.h"
 #include "core/failover/memory_mirror.h"
 #include "core/failover/pairing.h"
+#include "core/failover/protection_status.h"
 #include "core/failover/path_recovery.h"
 #include "core/failover/path_switch.h"
 #include "core/log.h"
@@ -62,24 +63,98 @@ void flush_outbox(Engine& e) {
   }
 }
 
+namespace {
+
+// Whether `from` is the process the pair was paired with: this process for a pair whose ends
+// are both here, otherwise the process of the peer's token, over the network.
+bool from_pairs_peer(const Protection& p, const PeerRef& from) {
+  if (p.peer.local) return from.local;
+  return !from.local && from.token != 0 && from.token == p.peer.token;
+}
+
+void drop_foreign(Engine& e, const PeerRef& from, std::string_view type, const QpKey& about,
+                  std::string_view why) {
+  const std::uint64_t n = ++e.foreign_messages;
+  if ((n & (n - 1)) != 0) return;  // a power of two: 1st, 2nd, 4th...
+  VF_LOG_WARN("control: {} about qp {} from {} (pid {}) dropped: {} ({} such message(s) so far)",
+              type, about.qpn, from.local ? std::string("this process") : fmt::format("{:#x}", from.token),
+              from.pid, why, n);
+}
+
+// The pair a message names, if it came from that pair's peer about that very pair: `ours` is
+// our QP's key, `theirs` the sender's own QP. Anything else is dropped with a (bounded) log
+// line: the peer's shim never sends it, so it is stale at best.
+Protection* pair_for(Engine& e, const PeerRef& from, std::string_view type, const QpKey& ours,
+                     const QpKey& theirs) {
+  Protection* p = protection_by_key(e, ours);
+  if (p == nullptr) return nullptr;  // a QP destroyed since: its peer's late messages end here
+  if (!p->paired || p->destroyed) {
+    drop_foreign(e, from, type, ours, "the QP is not paired");
+    return nullptr;
+  }
+  if (!from_pairs_peer(*p, from)) {
+    drop_foreign(e, from, type, ours, "not from the process the QP is paired with");
+    return nullptr;
+  }
+  if (!(p->remote == theirs)) {
+    drop_foreign(e, from, type, ours, fmt::format("about its qp {}, the pair's is qp {}",
+                                                  theirs.qpn, p->remote.qpn));
+    return nullptr;
+  }
+  return p;
+}
+
+// A pairing's answer (PairReply, PairRefused) counts only on the session its request went on.
+bool answers_our_request(Engine& e, const PeerRef& from, std::uint64_t session,
+                         std::string_view type, const QpKey& ours) {
+  Protection* p = protection_by_key(e, ours);
+  if (p == nullptr || p->paired || !p->pairing) return true;  // the handler ignores it
+  if (from.local || (session != 0 && session == p->awaiting_session)) return true;
+  drop_foreign(e, from, type, ours, "not on the session the pairing request went on");
+  return false;
+}
+
+}  // namespace
+
 void process_message(Engine& e, const PeerRef& from, std::uint64_t session,
                      ControlMessage& message) {
-  if (auto* m = std::get_if<PairRequest>(&message))
+  if (auto* m = std::get_if<PairRequest>(&message)) {
+    // A paired QP is asked again only by its own peer (crossed requests of one pairing).
+    if (Protection* p = protection_by_key(e, m->remote);
+        p != nullptr && p->paired && !from_pairs_peer(*p, from)) {
+      return drop_foreign(e, from, "PairRequest", m->remote,
+                          "the QP is paired with another process");
+    }
     return handle_pair_request(e, from, session, *m);
-  if (auto* m = std::get_if<PairReply>(&message)) return handle_pair_reply(e, from, session, *m);
-  if (auto* m = std::get_if<PairRefused>(&message)) return handle_pair_refused(e, *m);
+  }
+  if (auto* m = std::get_if<PairReply>(&message)) {
+    if (!answers_our_request(e, from, session, "PairReply", m->pair.remote)) return;
+    return handle_pair_reply(e, from, session, *m);
+  }
+  if (auto* m = std::get_if<PairRefused>(&message)) {
+    if (!answers_our_request(e, from, session, "PairRefused", m->remote)) return;
+    return handle_pair_refused(e, *m);
+  }
   if (auto* m = std::get_if<MrUpdate>(&message)) return handle_mr_update(e, from, *m);
   if (auto* m = std::get_if<MrQuery>(&message)) return handle_mr_query(e, from, session, *m);
   if (auto* m = std::get_if<FailoverRequest>(&message)) {
+    if (pair_for(e, from, "FailoverRequest", m->remote, m->local) == nullptr) return;
     return handle_failover(e, m->remote, m->delivered_messages, m->epoch, m->target_path, true,
                            static_cast<FailoverReason>(m->reason));
   }
   if (auto* m = std::get_if<FailoverReply>(&message)) {
+    if (pair_for(e, from, "FailoverReply", m->remote, m->local) == nullptr) return;
     return handle_failover(e, m->remote, m->delivered_messages, m->epoch, m->target_path, false,
                            FailoverReason::kPeerRequest);
   }
-  if (auto* m = std::get_if<vf::Rearm>(&message)) return handle_rearm(e, *m);
-  if (auto* m = std::get_if<PathStatus>(&message)) return handle_path_status(e, *m);
+  if (auto* m = std::get_if<vf::Rearm>(&message)) {
+    if (pair_for(e, from, "Rearm", m->remote, m->local) == nullptr) return;
+    return handle_rearm(e, *m);
+  }
+  if (auto* m = std::get_if<PathStatus>(&message)) {
+    if (pair_for(e, from, "PathStatus", m->remote, m->local) == nullptr) return;
+    return handle_path_status(e, *m);
+  }
 }
 
 void on_session_message(Engine& e, ControlSession& session, ControlMessage& message) {

@@ -231,17 +231,18 @@ void abort_switch(Protection& p, const char* why) {
       "qp {}: the switch to the {} path cannot complete ({}); the application sees the "
       "failure",
       v.vqpn, path_name(p.sw.to), why);
+  // Requests posted during the attempt reached no QP: each completes as the application's QP in
+  // ERR would have completed it, with a flush, signaled or not (a device reports every flushed
+  // WR, so that its owner can reclaim the buffers: rxe's flush_send_queue, mlx5 alike).
   std::vector<ibv_wc> flushed;
   v.lock().lock();
   v.send_ring().for_each_from(v.next_send_to_post(), [&](const SendRecord& record) {
-    if (record.signaled) {
-      ibv_wc wc{};
-      wc.wr_id = record.wr.wr_id;
-      wc.status = IBV_WC_WR_FLUSH_ERR;
-      wc.opcode = wc_opcode_of(record.wr.opcode);
-      wc.qp_num = v.vqpn;
-      flushed.push_back(wc);
-    }
+    ibv_wc wc{};
+    wc.wr_id = record.wr.wr_id;
+    wc.status = IBV_WC_WR_FLUSH_ERR;
+    wc.opcode = wc_opcode_of(record.wr.opcode);
+    wc.qp_num = v.vqpn;
+    flushed.push_back(wc);
     return true;
   });
   v.set_holding(false);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/failover/engine_state.h"
+#include "core/failover/message_dispatch.h"
 #include "core/failover/pairing.h"
 #include "core/failover/path_recovery.h"
 #include "core/failover/path_switch.h"
@@ -88,6 +89,7 @@ struct Rig {
   ibv_qp app_qp{};
   ibv_qp standby_qp{};
   ibv_cq cq{};
+  ibv_cq shadow_cq{};  // the CQ's shadow on fake1
   std::unique_ptr<vf::CqState> cq_state;
   vf::VirtualQp* v = nullptr;
   Protection* p = nullptr;
@@ -119,6 +121,10 @@ struct Rig {
     cq.context = &contexts[0];
     cq.cqe = 64;
     cq_state = std::make_unique<vf::CqState>(&cq, 0, &g_ops, 2 * 64 + 64);
+    shadow_cq.context = &contexts[1];
+    shadow_cq.cqe = 64;
+    cq_state->shadow = &shadow_cq;
+    cq_state->shadow_device_index = 1;
     ibv_qp_cap cap{};
     cap.max_send_wr = cap.max_recv_wr = 16;
     cap.max_send_sge = cap.max_recv_sge = 1;
@@ -137,8 +143,8 @@ struct Rig {
     p->peer.local = true;
   }
 
-  // One signaled inline SEND (a receive-consuming message), posted as the application would.
-  void post_send(std::uint64_t wr_id) {
+  // One inline SEND (a receive-consuming message), posted as the application would.
+  void post_send(std::uint64_t wr_id, bool signaled = true) {
     char payload[8] = "message";
     ibv_sge sge{reinterpret_cast<std::uintptr_t>(payload), sizeof payload, 0};
     ibv_send_wr wr{};
@@ -146,7 +152,7 @@ struct Rig {
     wr.sg_list = &sge;
     wr.num_sge = 1;
     wr.opcode = IBV_WR_SEND;
-    wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+    wr.send_flags = IBV_SEND_INLINE | (signaled ? IBV_SEND_SIGNALED : 0);
     ibv_send_wr* bad = nullptr;
     REQUIRE(v->post_send(&wr, &bad) == 0);
   }
@@ -403,4 +409,144 @@ TEST_CASE("An RTS -> RTS modify of one attribute keeps the others for re-connect
   CHECK((g_modifies[1].mask & required) == required);
   CHECK(g_modifies[1].attr.min_rnr_timer == 14);
   CHECK(g_modifies[1].attr.retry_cnt == 5);
+}
+
+// Issue 19 item 12: a message about a pair is acted on only when it comes from that pair's peer:
+// the process the QP was paired with (its token), over the control channel, about the very pair
+// (its own QP key and ours). Anything else is dropped, whatever the QP numbers it names.
+TEST_CASE("Messages about a pair from anyone but its peer change nothing", "[engine]") {
+  Rig rig;
+  rig.p->peer = {};
+  rig.p->peer.token = 7;  // paired with another process
+  vf::failover::PeerRef stranger;
+  stranger.token = 99;
+  stranger.session = 5;
+  vf::failover::PeerRef peer;
+  peer.token = 7;
+  peer.session = 6;
+  const std::vector<std::uint64_t> no_posts;
+  SECTION("FailoverRequest from another process: no switch") {
+    vf::ControlMessage m = rig.request_from_peer(1);
+    vf::failover::process_message(*rig.e, stranger, stranger.session, m);
+    CHECK_FALSE(rig.p->sw.in_progress);
+    CHECK(rig.v->active_path() == vf::kPrimary);
+    CHECK(rig.p->epoch == 0);
+    CHECK(g_modifies.empty());
+  }
+  SECTION("FailoverRequest from the peer naming another QP of its own: no switch") {
+    vf::FailoverRequest request = rig.request_from_peer(1);
+    request.local.qpn = 34;
+    vf::ControlMessage m = request;
+    vf::failover::process_message(*rig.e, peer, peer.session, m);
+    CHECK_FALSE(rig.p->sw.in_progress);
+    CHECK(rig.v->active_path() == vf::kPrimary);
+  }
+  SECTION("FailoverRequest from a local pair's stand-in over the network: no switch") {
+    rig.p->peer = {};
+    rig.p->peer.local = true;
+    vf::ControlMessage m = rig.request_from_peer(1);
+    vf::failover::process_message(*rig.e, stranger, stranger.session, m);
+    CHECK_FALSE(rig.p->sw.in_progress);
+    CHECK(rig.v->active_path() == vf::kPrimary);
+  }
+  SECTION("FailoverReply from another process does not finish a switch") {
+    // Begun while the rig's peer is this process (so the request is "sent"), then the peer is
+    // the other process again for the answers.
+    rig.p->peer = {};
+    rig.p->peer.local = true;
+    vf::failover::on_port_change(*rig.e, 0, 1, IBV_PORT_DOWN);
+    REQUIRE(rig.p->sw.in_progress);
+    rig.p->peer = {};
+    rig.p->peer.token = 7;
+    vf::FailoverReply reply;
+    reply.local = rig.p->remote;
+    reply.remote = rig.p->local;
+    reply.epoch = rig.p->sw.epoch;
+    reply.target_path = vf::kStandby;
+    reply.delivered_messages = 1000;  // would make undelivered work look delivered
+    vf::ControlMessage m = reply;
+    vf::failover::process_message(*rig.e, stranger, stranger.session, m);
+    CHECK_FALSE(rig.p->sw.peer_known);
+    CHECK(rig.p->sw.in_progress);
+    // The peer's own reply still finishes it.
+    reply.delivered_messages = 0;
+    m = reply;
+    vf::failover::process_message(*rig.e, peer, peer.session, m);
+    CHECK_FALSE(rig.p->sw.in_progress);
+    CHECK(rig.p->failovers == 1);
+  }
+  SECTION("PathStatus from another process: the standby stays in use") {
+    vf::PathStatus status;
+    status.local = rig.p->remote;
+    status.remote = rig.p->local;
+    status.path = vf::kStandby;
+    vf::ControlMessage m = status;
+    vf::failover::process_message(*rig.e, stranger, stranger.session, m);
+    CHECK_FALSE(rig.v->path[vf::kStandby].failed);
+    CHECK(rig.p->unprotected_reason.empty());
+  }
+  SECTION("Rearm from another process: the standby is not re-connected anywhere") {
+    rig.v->path[vf::kStandby].connected = false;
+    rig.p->rearm[vf::kStandby].needed = true;
+    vf::Rearm request;
+    request.local = rig.p->remote;
+    request.remote = rig.p->local;
+    request.path = vf::kStandby;
+    request.qpn = 4242;
+    request.nonce = 3;
+    vf::ControlMessage m = request;
+    vf::failover::process_message(*rig.e, stranger, stranger.session, m);
+    CHECK(rig.p->rearm[vf::kStandby].seen_nonce == 0);
+    CHECK_FALSE(rig.v->path[vf::kStandby].connected);
+    CHECK(g_modifies.empty());
+  }
+  SECTION("PairRefused on another session than the request's: the pairing goes on") {
+    rig.p->paired = false;
+    rig.p->pairing = true;
+    rig.p->awaiting_session = 6;
+    vf::PairRefused refused{rig.p->remote, rig.p->local,
+                            static_cast<std::uint32_t>(vf::PairRefusal::kUnprotected)};
+    vf::ControlMessage m = refused;
+    vf::failover::process_message(*rig.e, stranger, stranger.session, m);
+    CHECK(rig.p->pairing);
+    CHECK(rig.p->unprotected_reason.empty());
+  }
+  SECTION("PairRequest on a paired QP from another process: the pair keeps its peer") {
+    vf::PairRequest request;
+    request.local = {55, gid(9)};
+    request.remote = rig.p->local;
+    vf::ControlMessage m = request;
+    vf::failover::process_message(*rig.e, stranger, stranger.session, m);
+    CHECK(rig.p->peer.token == 7);
+    CHECK(rig.p->remote.qpn == 33);
+    CHECK(rig.sent<vf::PairReply>().empty());
+  }
+}
+
+// Issue 19 item 12: a switch that cannot complete (the peer never answers) shows the application
+// what its QP in ERR would have: every request posted during the attempt, which reached no QP,
+// completes with IBV_WC_WR_FLUSH_ERR, signaled or not (a device reports every flushed WR, so
+// that its owner can reclaim the buffers; rxe's flush_send_queue, mlx5 alike).
+TEST_CASE("A switch given up flushes every request posted during it, unsignaled ones too",
+          "[engine]") {
+  Rig rig;
+  vf::failover::on_port_change(*rig.e, 0, 1, IBV_PORT_DOWN);
+  REQUIRE(rig.p->sw.in_progress);
+  rig.post_send(1);
+  rig.post_send(2, false);
+  rig.post_send(3, false);
+  rig.post_send(4);
+  CHECK(g_posts.empty());  // held: the switch is not done
+  vf::failover::abort_switch(*rig.p, "test: the peer never answered");
+  ibv_wc wc[8]{};
+  const int n = rig.cq_state->poll(8, wc);
+  REQUIRE(n == 4);
+  for (int i = 0; i < n; ++i) {
+    CHECK(wc[i].wr_id == static_cast<std::uint64_t>(i + 1));
+    CHECK(wc[i].status == IBV_WC_WR_FLUSH_ERR);
+    CHECK(wc[i].opcode == IBV_WC_SEND);
+    CHECK(wc[i].qp_num == 17);
+  }
+  CHECK(rig.cq_state->poll(8, wc) == 0);
+  CHECK(rig.v->mode() == vf::PostMode::kBypass);
 }
