@@ -61,6 +61,10 @@ for m in rdma_rxe sch_netem sch_ingress cls_matchall act_gact; do
   modprobe -d "$kroot" -S "$kver" "$m" || halt_with "modprobe $m"
 done
 
+# Frames in flight must not hold their QPs when a port goes down (docs/lab.md, "When a run stalls").
+[[ $(cat /sys/module/virtio_net/parameters/napi_tx) == N ]] ||
+  halt_with "virtio_net loaded with napi_tx on: the initramfs did not pass virtio_net.napi_tx=0"
+
 declare -A octet=([A]=1 [B]=2)
 [[ -n ${octet[$host]:-} ]] || halt_with "unknown host name $host"
 ip link set lo up

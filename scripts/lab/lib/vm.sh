@@ -123,7 +123,12 @@ vm_start() {
     -name "vf-lab-$h" -accel tcg -cpu max -smp 1 -m "${VF_LAB_MEM:-1024}"
     -nodefaults -no-user-config -display none -no-reboot -nic none
     -kernel "$kroot/boot/vmlinuz-$kver" -initrd "$initrd"
-    -append "console=ttyS0 panic=-1 net.ifnames=0 ipv6.disable=1 vf.host=$h vf.ctl=$ctl vf.kroot=$kroot vf.kver=$kver vf.init=$LAB_DIR/guest/init.sh vf.keep=$(guest_kept_paths)"
+    # virtio_net.napi_tx=0: a sent frame releases its socket (and rxe's reference on the QP that
+    # sent it) when the driver takes it, as real NIC drivers do when their port goes down. With
+    # NAPI transmit, frames the device had consumed but the driver had not yet reaped stay in the
+    # ring of a port set down, each holding its QP: the application's ibv_destroy_qp then waits
+    # rxe's 50 s timeout per QP (seen once: cut_port_down_srq_pingpong, 16 QPs, VM killed).
+    -append "console=ttyS0 panic=-1 net.ifnames=0 ipv6.disable=1 virtio_net.napi_tx=0 vf.host=$h vf.ctl=$ctl vf.kroot=$kroot vf.kver=$kver vf.init=$LAB_DIR/guest/init.sh vf.keep=$(guest_kept_paths)"
     -serial "file:$BOOT_DIR/$h.console.log"
     -monitor "unix:${VM_MON[$h]},server,nowait"
     -virtfs "local,path=/,mount_tag=hostroot,security_model=passthrough,multidevs=remap,id=hostroot"
