@@ -121,6 +121,10 @@ struct Engine {
   std::map<ibv_comp_channel*, ChannelState> channels;
   std::vector<std::pair<std::uint64_t, ControlMessage>> local_inbox;  // (unused token, message)
   std::uint64_t next_stats_ns = 0;
+  // The stats file: what it said when last written (engine_stats.cc), and when a change may be
+  // written next (changes are written at most every kStatsChangeGapNs).
+  std::uint64_t stats_written_digest = 0;
+  std::uint64_t next_change_stats_ns = 0;
   // Messages about a pair that did not come from its peer (message_dispatch.cc): dropped, and
   // logged at the 1st, 2nd, 4th, 8th... so that a flood costs a few lines.
   std::uint64_t foreign_messages = 0;

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <functional>
 #include <mutex>
 #include <string>
 
@@ -13,11 +14,56 @@
 
 namespace vf::failover {
 
+namespace {
+
+void mix(std::uint64_t& digest, std::uint64_t value) {
+  digest ^= value + 0x9e3779b97f4a7c15ull + (digest << 6) + (digest >> 2);
+}
+
+// What the file says, less its time stamp and reason, folded into one number. A stats file that
+// a rank ended by SIGTERM leaves behind (no exit handler runs) must hold every switch it made:
+// the engine rewrites the file when this changes.
+std::uint64_t stats_digest(const Engine& e) {
+  std::uint64_t digest = 0;
+  for (int i = 0; i < e.device_count; ++i) {
+    const Device& d = e.devices[i];
+    for (std::uint8_t port = 1; port <= d.port_count; ++port) {
+      mix(digest, static_cast<std::uint64_t>(d.ports[port].state));
+      mix(digest, d.ports[port].changes);
+      mix(digest, d.ports[port].hidden_async_events.load(std::memory_order_relaxed));
+    }
+  }
+  for (const auto& [key, p] : e.protections) {
+    const VirtualQp& v = *p.qp;
+    mix(digest, v.vqpn);
+    mix(digest, (p.paired ? 1u : 0u) | (p.pairing ? 2u : 0u) | (p.sw.in_progress ? 4u : 0u) |
+                    (static_cast<unsigned>(v.active_path()) << 3));
+    mix(digest, std::hash<std::string>{}(p.unprotected_reason));
+    mix(digest, p.failovers);
+    mix(digest, p.failbacks);
+    mix(digest, p.events.size());
+    mix(digest, v.counters.replayed_wrs.load(std::memory_order_relaxed));
+    mix(digest, v.counters.hidden_error_completions.load(std::memory_order_relaxed));
+    mix(digest, v.counters.hidden_async_events.load(std::memory_order_relaxed));
+    mix(digest, v.counters.synthesized_completions.load(std::memory_order_relaxed));
+    mix(digest, v.counters.resumed_unix_ns.load(std::memory_order_relaxed));
+  }
+  mix(digest, e.unprotected.size());
+  return digest;
+}
+
+}  // namespace
+
+bool stats_changed(const Engine& e) {
+  return e.stats_written_digest != stats_digest(e);
+}
+
 void write_stats(Engine& e, const char* reason) {
   if (e.config.stats_file.empty()) return;
   StatsSnapshot snapshot;
   {
     std::lock_guard lock(e.mutex);
+    e.stats_written_digest = stats_digest(e);
     snapshot.pid = static_cast<int>(::getpid());
     snapshot.program = e.program;
     snapshot.reason = reason;
@@ -82,7 +128,9 @@ void write_stats(Engine& e, const char* reason) {
   std::string error;
   if (!write_file_atomically(e.config.stats_file, render_stats_json(snapshot), error)) {
     VF_LOG_WARN("stats: {}", error);
+    return;
   }
+  VF_LOG_DEBUG("stats: {} written ({})", e.config.stats_file, reason);
 }
 
 int protection_of(Engine& e, std::uint32_t qpn, std::string& reason) {

@@ -13,6 +13,11 @@ namespace vf::failover {
 // is written without it.
 void write_stats(Engine& e, const char* reason);
 
+// Engine mutex held: whether what the stats file says has changed since it was last written
+// (a pairing, a switch begun or done, a resume, a port's state...). Cheap: a few integers per
+// QP, so that the engine's thread can ask on every pass.
+bool stats_changed(const Engine& e);
+
 // Entry point (FailoverEngine, engine mutex held): what the stats file would say of the QP whose
 // application QPN is qpn: 1 protected, 0 not (reason says why), -1 the engine does not know it.
 int protection_of(Engine& e, std::uint32_t qpn, std::string& reason);

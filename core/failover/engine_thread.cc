@@ -76,12 +76,19 @@ void run_engine(Engine& e) {
             e.next_stats_ns > now ? static_cast<int>((e.next_stats_ns - now) / 1000000) + 1 : 0;
         timeout_ms = timeout_ms < 0 ? until_stats : std::min(timeout_ms, until_stats);
       }
+      if (!e.config.stats_file.empty() && stats_changed(e)) {  // held back by kStatsChangeGapNs
+        const std::uint64_t now = monotonic_ns();
+        const int until_change = e.next_change_stats_ns > now
+                                     ? static_cast<int>((e.next_change_stats_ns - now) / 1000000) + 1
+                                     : 0;
+        timeout_ms = timeout_ms < 0 ? until_change : std::min(timeout_ms, until_change);
+      }
     }
     if (::poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) {
       VF_LOG_ERROR("failover: the engine's poll failed ({}); failover is off", strerror(errno));
       return;
     }
-    bool write_stats_now = false;
+    const char* write_stats_now = nullptr;
     {
       std::lock_guard lock(e.mutex);
       if (fds[0].revents & POLLIN) {
@@ -112,10 +119,15 @@ void run_engine(Engine& e) {
       if (e.config.stats_interval_s > 0 && monotonic_ns() >= e.next_stats_ns) {
         e.next_stats_ns =
             monotonic_ns() + static_cast<std::uint64_t>(e.config.stats_interval_s * 1e9);
-        write_stats_now = true;
+        write_stats_now = "interval";
+      }
+      if (write_stats_now == nullptr && !e.config.stats_file.empty() &&
+          monotonic_ns() >= e.next_change_stats_ns && stats_changed(e)) {
+        e.next_change_stats_ns = monotonic_ns() + kStatsChangeGapNs;
+        write_stats_now = "change";
       }
     }
-    if (write_stats_now) write_stats(e, "interval");
+    if (write_stats_now != nullptr) write_stats(e, write_stats_now);
   }
 }
 

@@ -53,5 +53,11 @@ static_assert(kFirstHoldDownNs >= kRearmRetryNs && kFirstHoldDownNs <= kMaxHoldD
 // (report_late_resume). Tests may shorten it (verbs_failover_debug_set_resume_late_ms).
 constexpr std::uint64_t kResumeLateNs = 5'000'000'000ull;
 constexpr std::uint8_t kStandbyRdAtomic = 16;
+// The stats file is rewritten when what it says changes (a pairing, a switch, a resume: rare
+// events), at most this often, so that a rank ended by a signal (no exit handler runs) leaves a
+// file at most this much older than its last change. A storm of changes (hundreds of QPs
+// switching one after the other) costs at most ten writes a second.
+constexpr std::uint64_t kStatsChangeGapNs = 100'000'000;
+static_assert(kStatsChangeGapNs < kRearmRetryNs);
 
 }  // namespace vf::failover
