@@ -37,7 +37,8 @@ inline constexpr int kStandby = static_cast<int>(PathId::kStandby);
 inline constexpr int other_path(int path) { return 1 - path; }
 
 // Completions held for the application ahead of its CQ: drained by the engine during a switch,
-// or synthesized for work the peer proved done. Fixed capacity, allocated with the CQ.
+// or synthesized for work the peer proved done. Allocated with the CQ (twice its depth); only
+// the engine pushes, and it grows the stash rather than lose a completion (CqState).
 class CompletionStash {
  public:
   explicit CompletionStash(std::uint32_t capacity) : slots_(capacity) {}
@@ -98,9 +99,8 @@ struct CqState {
   std::atomic<std::uint32_t> shadow_events_unacked{0};
   int wake_fd = -1;  // eventfd of the application's channel record (engine-owned)
 
-  // Under lock: a completion the engine made (synthesized, released, flushed) goes ahead of the
-  // CQ. The stash holds twice the CQ's depth; should it be full the completion is lost, and an
-  // error line says which.
+  // Under lock (engine): a completion the engine made (synthesized, released, flushed) goes ahead
+  // of the CQ. The stash grows when full: never lost. Always true.
   bool stash_for_application(const ibv_wc& wc);
 
   // The application's ibv_poll_cq (inline, below: every poll of a protected CQ runs it).
@@ -111,8 +111,9 @@ struct CqState {
   // wc to those the application must see and returns their number.
   int keep_for_application_locked(int path, int polled, ibv_wc* wc);
   // Engine: polls everything the provider holds on `path`'s CQ into the stash, processing each
-  // completion as the application's poll would. False if the stash filled up first.
-  bool drain_into_stash(int path);
+  // completion as the application's poll would; the stash grows as needed, so nothing is left.
+  static constexpr int kDrainBatch = 16;
+  void drain_into_stash(int path);
 
   // Under lock: polls `path`'s physical CQ, keeps what the application must see (returned);
   // *raw says how many the provider gave (hidden ones included).
