@@ -42,11 +42,11 @@ inline constexpr int other_path(int path) { return 1 - path; }
 class CompletionStash {
  public:
   explicit CompletionStash(std::uint32_t capacity) : slots_(capacity) {}
-  bool push(const ibv_wc& wc) {
-    if (count_ == slots_.size()) return false;
+  // Never refuses: a full stash doubles (a completion left behind would be lost for good).
+  void push(const ibv_wc& wc) {
+    if (count_ == slots_.size()) grow(2 * slots_.size() + 16);
     slots_[(head_ + count_) % slots_.size()] = wc;
     ++count_;
-    return true;
   }
   int pop(int max, ibv_wc* out) {
     int taken = 0;

@@ -418,7 +418,6 @@ int CqState::keep_for_application_locked(int p, int polled, ibv_wc* wc) {
 bool CqState::stash_for_application(const ibv_wc& wc) {
   // The engine's own completions (synthesized, released, flushed) can outnumber the CQ's depth
   // (a whole send queue flushed on each of several QPs): the stash grows, none is lost.
-  if (stash.room() == 0) stash.grow(2 * stash.size() + kDrainBatch);
   stash.push(wc);
   stash_nonempty.store(true, std::memory_order_relaxed);
   // An application asleep in ibv_get_cq_event on an armed CQ must learn of it: no device will
@@ -461,7 +460,6 @@ void CqState::drain_into_stash(int p) {
     // Every completion polled here is the application's or accounted for by the switch: the old
     // path stops accepting right after, so one left in the provider's CQ would be hidden for good.
     // The stash grows rather than stop early (bounded: the provider's CQ is finite).
-    if (stash.room() < kDrainBatch) stash.grow(2 * (stash.size() + kDrainBatch));
     int raw = 0;
     const int kept = poll_physical(p, kDrainBatch, batch, &raw);
     for (int i = 0; i < kept; ++i) stash.push(batch[i]);
