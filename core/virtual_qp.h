@@ -163,7 +163,9 @@ struct PhysicalPath {
   int gid_index = 0;
   Gid gid{};
   std::uint32_t psn = 0;  // this QP's send PSN
-  bool connected = false;  // in RTS towards the peer's QP on the same path
+  // Towards the peer's QP on the same path: in RTS, or (the standby only) in RTR until the
+  // application's own RTS (Protection::standby_rts_pending).
+  bool connected = false;
   bool failed = false;     // its port went down or it returned a link-class error
 };
 
@@ -235,7 +237,14 @@ class VirtualQp {
 
   bool holding() const { return holding_; }
   // While holding, posts are recorded and not sent (a switch is under way).
-  void set_holding(bool on) { holding_ = on; }
+  void set_holding(bool on) {
+    holding_ = on;
+    receives_open_ = false;
+  }
+  // While holding: the new path accepts (begin_switch is done), so receives go there at once.
+  // Requests wait for the peer's count (the replay depends on it); a receive need not, and one
+  // held back could meet the peer's SEND with an RNR the application's few retries do not cover.
+  void open_receives() { receives_open_ = true; }
   std::uint64_t next_send_to_post() const { return next_send_to_post_; }
 
   ibv_qp* const app_qp;
@@ -290,6 +299,7 @@ class VirtualQp {
   std::uint64_t next_send_to_post_ = 1;  // ring sequence
   std::uint64_t next_recv_to_post_ = 0;  // ring position
   bool holding_ = false;
+  bool receives_open_ = false;  // see open_receives
   WrBatch batch_;
   std::vector<HeldError> held_errors_;  // capacity fixed at creation: no allocation on the path
 };

@@ -159,7 +159,11 @@ int VirtualQp::post_recv_routed(ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
     }
     ++recorded;
   }
-  if (!holding_) post_pending();
+  if (!holding_) {
+    post_pending();
+  } else if (receives_open_) {
+    post_pending(false);
+  }
   return 0;
 }
 

@@ -195,6 +195,7 @@ void begin_switch(Engine& e, Protection& p, int target, FailoverReason reason, s
   v.set_accepting(target, true);
   v.restart_receives();
   v.post_pending(false);
+  v.open_receives();
   v.link_error_seen.store(false);
   v.lock().unlock();
   sw.local_ready = true;

@@ -103,6 +103,9 @@ struct Protection {
   ibv_ece primary_ece{};
   bool primary_ece_read = false;
   ibv_ece standby_ece{};
+  // The standby is connected but waits in RTR for the application's RTS, which says how many
+  // RNR retries it wants (connect_standby, standby_follow_rts).
+  bool standby_rts_pending = false;
   bool start_pairing_pending = false;
   bool peer_unreachable_reported = false;
   QpAttrs attrs;

@@ -12,6 +12,7 @@
 #include "core/failover/devices.h"
 #include "core/failover/memory_mirror.h"
 #include "core/failover/pairing.h"
+#include "core/failover/protection_status.h"
 #include "core/failover/qp_transitions.h"
 #include "core/failover/srq_group.h"
 #include "core/log.h"
@@ -166,6 +167,27 @@ void record_rts(Protection& p, const ibv_qp_attr& adjusted, int mask, const ibv_
   if (mask & IBV_QP_SQ_PSN) p.qp->path[kPrimary].psn = asked.sq_psn;
 }
 
+// The standby follows the application's RTS (its retry counts) and RNR timer. A standby left in
+// RTR that cannot go to RTS cannot carry this QP's requests: no switch may go there, and a
+// re-arm connects it again from the start (RTR and RTS at once, the RTS now known). Returns the
+// provider's errno when the QP's traffic already runs on that standby (the peer moved the pair
+// before this RTS): then no path can carry the application's requests, and its RTS fails.
+int follow_rts_on_standby(Engine& e, Protection& p, const ibv_qp_attr& adjusted, int mask) {
+  const bool was_pending = p.standby_rts_pending;
+  const int result = standby_follow_rts(e, p, adjusted, mask);
+  if (result == 0 || !was_pending) return 0;
+  VirtualQp& v = *p.qp;
+  v.path[kStandby].connected = false;
+  if (v.active_path() == kStandby) {
+    set_unprotected(p, "its standby QP, which carries its traffic, could not follow the "
+                       "application's RTS");
+    return result;
+  }
+  p.rearm[kStandby].needed = true;
+  set_unprotected(p, "its standby QP could not follow the application's RTS");
+  return 0;
+}
+
 }  // namespace
 
 int modify_app_qp(Engine& e, VirtualQp* v, ibv_qp* qp, ibv_qp_attr* attr, int mask,
@@ -193,6 +215,9 @@ int modify_app_qp(Engine& e, VirtualQp* v, ibv_qp* qp, ibv_qp_attr* attr, int ma
     VF_LOG_DEBUG("qp {}: RTS recorded (its traffic is on the {} path)", qp->qp_num,
                  path_name(v->active_path()));
     record_rts(p, adjusted, mask, *attr);
+    if (const int refused = follow_rts_on_standby(e, p, adjusted, mask); refused != 0) {
+      return refused;
+    }
     qp->state = IBV_QPS_RTS;
     return 0;
   }
@@ -235,6 +260,7 @@ int modify_app_qp(Engine& e, VirtualQp* v, ibv_qp* qp, ibv_qp_attr* attr, int ma
     }
     case IBV_QPS_RTS:
       record_rts(p, adjusted, mask, *attr);
+      follow_rts_on_standby(e, p, adjusted, mask);
       break;
     case IBV_QPS_ERR:
     case IBV_QPS_RESET:

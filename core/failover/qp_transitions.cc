@@ -49,6 +49,21 @@ bool connect_primary(Engine& e, Protection& p, std::uint32_t dest_qpn, std::uint
   return modify(e, v.app_qp, &attr, mask, true) == 0;
 }
 
+// The application's RNR timer, RNR retries and transport retries (as adjusted for it: at most
+// kMaxRetryCount), where it gave them; the engine's defaults where it has not (yet).
+void standby_retry_counts(const Protection& p, EngineQpLink& link) {
+  const QpAttrs& given = p.attrs;
+  if (given.have_rts && (given.rts_mask & IBV_QP_MIN_RNR_TIMER)) {
+    link.min_rnr_timer = given.rts.min_rnr_timer;  // tuned in RTS: the latest
+  } else if (given.have_rtr && (given.rtr_mask & IBV_QP_MIN_RNR_TIMER)) {
+    link.min_rnr_timer = given.rtr.min_rnr_timer;
+  }
+  if (given.have_rts && (given.rts_mask & IBV_QP_RNR_RETRY)) link.rnr_retry = given.rts.rnr_retry;
+  if (given.have_rts && (given.rts_mask & IBV_QP_RETRY_CNT)) {
+    link.retry_cnt = std::min(given.rts.retry_cnt, kMaxRetryCount);
+  }
+}
+
 }  // namespace
 
 // The MTU this side offers for the standby pair: the backup port's, no larger than what the
@@ -92,36 +107,46 @@ bool to_error(Engine& e, ibv_qp* qp, bool app_qp) {
   return modify(e, qp, &attr, IBV_QP_STATE, app_qp) == 0;
 }
 
-int connect_engine_qp(Engine& e, ibv_qp* qp, const EngineQpLink& link, const char** step) {
+int engine_qp_to_rtr(Engine& e, ibv_qp* qp, const EngineQpLink& link) {
   ibv_qp_attr attr{};
   attr.qp_state = IBV_QPS_RTR;
   attr.path_mtu = link.mtu;
   attr.dest_qp_num = link.dest_qpn;
   attr.rq_psn = link.rq_psn;
   attr.max_dest_rd_atomic = link.rd_atomic;
-  attr.min_rnr_timer = 1;
+  attr.min_rnr_timer = link.min_rnr_timer;
   attr.ah_attr.is_global = 1;
   attr.ah_attr.grh.dgid = to_ibv_gid(link.dest_gid);
   attr.ah_attr.grh.sgid_index = static_cast<std::uint8_t>(link.sgid_index);
   attr.ah_attr.grh.hop_limit = 64;
   attr.ah_attr.port_num = link.port;
-  *step = "RTR";
-  int result =
-      e.verbs.modify_qp(qp, &attr,
-                        IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                            IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
-  if (result != 0) return result;
-  attr = {};
+  return e.verbs.modify_qp(qp, &attr,
+                           IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                               IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+}
+
+int engine_qp_to_rts(Engine& e, ibv_qp* qp, const EngineQpLink& link) {
+  ibv_qp_attr attr{};
   attr.qp_state = IBV_QPS_RTS;
   attr.sq_psn = link.sq_psn;
   attr.timeout = link.timeout;
-  attr.retry_cnt = kMaxRetryCount;
+  attr.retry_cnt = link.retry_cnt;
   attr.rnr_retry = link.rnr_retry;
   attr.max_rd_atomic = link.rd_atomic;
-  *step = "RTS";
+  // min_rnr_timer again (optional in RTR -> RTS): a standby that waited in RTR takes the one
+  // the application gave with its RTS.
+  attr.min_rnr_timer = link.min_rnr_timer;
   return e.verbs.modify_qp(qp, &attr,
                            IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-                               IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC);
+                               IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC |
+                               IBV_QP_MIN_RNR_TIMER);
+}
+
+int connect_engine_qp(Engine& e, ibv_qp* qp, const EngineQpLink& link, const char** step) {
+  *step = "RTR";
+  if (const int result = engine_qp_to_rtr(e, qp, link); result != 0) return result;
+  *step = "RTS";
+  return engine_qp_to_rts(e, qp, link);
 }
 
 const ibv_ece& primary_ece(Engine& e, Protection& p) {
@@ -159,6 +184,7 @@ bool connect_standby(Engine& e, Protection& p, std::uint32_t dest_qpn, const Gid
   link.rd_atomic =
       static_cast<std::uint8_t>(std::min<int>(kStandbyRdAtomic, device.max_qp_rd_atom));
   link.timeout = e.config.qp_timeout;
+  standby_retry_counts(p, link);
   if (const int result = apply_ece(e, standby.qp, p.standby_ece); result != 0) {
     VF_LOG_WARN(
         "qp {}: standby qp {} refused ECE options {:#x} of vendor {:#x}, which its primary "
@@ -167,14 +193,53 @@ bool connect_standby(Engine& e, Protection& p, std::uint32_t dest_qpn, const Gid
         strerror(result));
     return false;
   }
-  const char* step = "";
-  const int result = connect_engine_qp(e, standby.qp, link, &step);
+  const char* step = "RTR";
+  p.standby_rts_pending = !p.attrs.have_rts;
+  const int result = p.standby_rts_pending ? engine_qp_to_rtr(e, standby.qp, link)
+                                           : connect_engine_qp(e, standby.qp, link, &step);
   if (result != 0) {
     VF_LOG_WARN("qp {}: standby qp {} to {} failed ({})", p.qp->vqpn, standby.qp->qp_num, step,
                 strerror(result));
     return false;
   }
+  if (p.standby_rts_pending) {
+    VF_LOG_DEBUG("qp {}: standby qp {} waits in RTR for the application's RTS (its RNR retries)",
+                 p.qp->vqpn, standby.qp->qp_num);
+  }
   return true;
+}
+
+int standby_follow_rts(Engine& e, Protection& p, const ibv_qp_attr& asked, int mask) {
+  PhysicalPath& standby = p.qp->path[kStandby];
+  if (!p.paired || standby.qp == nullptr || !standby.connected || standby.failed) return 0;
+  const char* what = "";
+  int result = 0;
+  if (p.standby_rts_pending && (mask & IBV_QP_STATE) && asked.qp_state == IBV_QPS_RTS) {
+    EngineQpLink link;
+    link.sq_psn = standby.psn;
+    link.rd_atomic = static_cast<std::uint8_t>(
+        std::min<int>(kStandbyRdAtomic, e.devices[standby.device_index].max_qp_rd_atom));
+    link.timeout = e.config.qp_timeout;
+    standby_retry_counts(p, link);
+    what = "RTS";
+    result = engine_qp_to_rts(e, standby.qp, link);
+    if (result == 0) p.standby_rts_pending = false;
+  } else if (!p.standby_rts_pending && (mask & IBV_QP_MIN_RNR_TIMER) &&
+             !((mask & IBV_QP_STATE) && asked.qp_state != IBV_QPS_RTS) &&
+             !(p.sw.in_progress && p.sw.from == kStandby)) {
+    // (A standby being switched away from is going to ERR: it keeps its timer; a re-connection
+    // takes the one recorded.)
+    ibv_qp_attr attr{};
+    attr.qp_state = IBV_QPS_RTS;
+    attr.min_rnr_timer = asked.min_rnr_timer;
+    what = "its min_rnr_timer";
+    result = e.verbs.modify_qp(standby.qp, &attr, IBV_QP_STATE | IBV_QP_MIN_RNR_TIMER);
+  }
+  if (result != 0) {
+    VF_LOG_WARN("qp {}: standby qp {} refused {} after the application's ({})", p.qp->vqpn,
+                standby.qp->qp_num, what, strerror(result));
+  }
+  return result;
 }
 
 std::uint32_t random_psn() {

@@ -32,10 +32,15 @@ struct EngineQpLink {
   std::uint8_t port = 1;
   std::uint8_t rd_atomic = 1;
   std::uint8_t timeout = 14;
+  std::uint8_t retry_cnt = kMaxRetryCount;
   std::uint8_t rnr_retry = 7;
+  std::uint8_t min_rnr_timer = 1;
 };
 // 0 or the provider's errno; *step names the state that failed.
 int connect_engine_qp(Engine& e, ibv_qp* qp, const EngineQpLink& link, const char** step);
+// Its two steps, for a standby that waits in RTR (connect_standby). 0 or the provider's errno.
+int engine_qp_to_rtr(Engine& e, ibv_qp* qp, const EngineQpLink& link);
+int engine_qp_to_rts(Engine& e, ibv_qp* qp, const EngineQpLink& link);
 
 // The MTU this side offers for the standby pair: the backup port's, no larger than what the
 // application gave its primary.
@@ -52,8 +57,19 @@ const ibv_ece& primary_ece(Engine& e, Protection& p);
 ibv_ece agree_ece(const ibv_ece& mine, const PairRequest& theirs);
 
 // Connects the standby QP to the peer's standby (RTR then RTS). False (logged) if it fails.
+// The standby answers RNR and retries RNR as the application's QP does (its min_rnr_timer and
+// rnr_retry): an application that relies on RNR_RETRY_EXC_ERR must get it after a failover too,
+// not retries without end. Pairing starts at the application's RTR, before its RTS says how
+// many RNR retries it wants, and a QP in RTS cannot change that count (RTR -> RTS sets it); so
+// until the application's RTS the standby stays in RTR (it receives, and there is nothing to
+// send before RTS) with Protection::standby_rts_pending set, and standby_follow_rts completes it.
 bool connect_standby(Engine& e, Protection& p, std::uint32_t dest_qpn, const Gid& dest_gid,
                      std::uint32_t dest_psn, std::uint8_t peer_mtu);
+
+// The application's QP went to RTS (asked = what it gave), or was tuned in RTS: a standby left in
+// RTR moves to RTS with its retry counts; a min_rnr_timer changed in RTS is changed on the
+// standby too. 0, or the provider's errno (logged) if the standby refused.
+int standby_follow_rts(Engine& e, Protection& p, const ibv_qp_attr& asked, int mask);
 
 // Back to INIT on its port, ready to be connected again: the application's QP with the access
 // flags the application gave it, the standby with all of them.

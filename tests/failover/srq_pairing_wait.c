@@ -34,6 +34,7 @@
 #include <time.h>
 
 #include "tests/common/rc_connect.h"
+#include "tests/common/scenario_report.h"
 #include "tests/fake_verbs/fake_verbs_control.h"
 
 #define BUF_SIZE 65536
@@ -47,41 +48,7 @@
 #define ACCESS (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)
 #define WAIT_LINE "waits for the pairing of"
 
-static int g_failures = 0;
-
-static void fail(const char* fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  printf("FAIL: [srq_pairing_wait] ");
-  vprintf(fmt, ap);
-  printf("\n");
-  va_end(ap);
-  ++g_failures;
-}
-
-static void setup_fail(const char* fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  printf("SETUP: ");
-  vprintf(fmt, ap);
-  printf(" (errno %d)\n", errno);
-  va_end(ap);
-  exit(3);
-}
-
-static void* fake_sym(const char* name) {
-  void* p = dlvsym(RTLD_DEFAULT, name, FAKE_VERBS_CONTROL_VERSION);
-  if (p == NULL) setup_fail("%s not found: not running on the fake libibverbs", name);
-  return p;
-}
-
 static void (*fake_progress)(void);
-
-static uint64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
 
 struct host { /* one side's device: context, PD, buffer, MR */
   struct ibv_context* ctx;
@@ -304,6 +271,7 @@ int main(int argc, char** argv) {
     fprintf(stderr, "usage: %s srq_pairing_wait\n", argv[0]);
     return 2;
   }
+  g_scenario = "srq_pairing_wait";
   fake_progress = (void (*)(void))fake_sym("fake_verbs_progress");
   int (*port_down)(int) = (int (*)(int))fake_sym("fake_verbs_port_down");
   /* With the shim, its log tells when the SRQ's move starts waiting (run_exactly_once.sh sets

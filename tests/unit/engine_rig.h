@@ -1,0 +1,232 @@
+// The engine test rig (tests/unit/engine_*_test.cc): an Engine built by the test (no thread, no
+// socket, no device), one protected QP whose peer is in this process (its messages land in
+// Engine::local_inbox, where the test reads them), and a FAKE provider that records every
+// modify_qp and post_send and completes nothing. Each test file includes it once (its fakes
+// live in an anonymous namespace: one copy per test file).
+#pragma once
+
+#include <catch2/catch.hpp>
+#include <cerrno>
+#include <memory>
+#include <variant>
+#include <vector>
+
+#include "core/failover/engine_state.h"
+#include "core/failover/message_dispatch.h"
+#include "core/failover/pairing.h"
+#include "core/failover/path_recovery.h"
+#include "core/failover/path_switch.h"
+#include "core/failover/port_events.h"
+#include "core/failover/qp_lifecycle.h"
+#include "core/failover/qp_transitions.h"
+
+namespace {
+
+using vf::failover::Engine;
+using vf::failover::Protection;
+
+struct ModifyCall {
+  ibv_qp* qp;
+  ibv_qp_state state;
+  int mask;
+  ibv_qp_attr attr;
+};
+std::vector<ModifyCall> g_modifies;
+
+// A move of this QP to this state is refused with EINVAL (not recorded); none when null.
+ibv_qp* g_refused_qp = nullptr;
+ibv_qp_state g_refused_state = IBV_QPS_RTS;
+
+int fake_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
+  if ((mask & IBV_QP_STATE) && qp == g_refused_qp && attr->qp_state == g_refused_state) {
+    return EINVAL;
+  }
+  if (mask & IBV_QP_STATE) g_modifies.push_back({qp, attr->qp_state, mask, *attr});
+  return 0;
+}
+int fake_poll_cq(ibv_cq*, int, ibv_wc*) {
+  return 0;
+}
+struct PostCall {
+  ibv_qp* qp;
+  std::uint64_t wr_id;
+};
+std::vector<PostCall> g_posts;
+std::vector<PostCall> g_recv_posts;
+// A QP the engine moved to ERR takes no receive (so no drain marker: the drain takes what the
+// empty CQ holds); any other records it.
+int fake_post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
+  for (auto call = g_modifies.rbegin(); call != g_modifies.rend(); ++call) {
+    if (call->qp != qp) continue;
+    if (call->state == IBV_QPS_ERR) {
+      *bad = wr;
+      return ENOSYS;
+    }
+    break;
+  }
+  for (; wr != nullptr; wr = wr->next) g_recv_posts.push_back({qp, wr->wr_id});
+  return 0;
+}
+int fake_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr**) {
+  for (; wr != nullptr; wr = wr->next) g_posts.push_back({qp, wr->wr_id});
+  return 0;
+}
+int fake_query_gid(ibv_context*, uint8_t, int index, ibv_gid* gid) {
+  *gid = {};
+  gid->raw[15] = static_cast<std::uint8_t>(index + 1);
+  return 0;
+}
+ibv_port_state g_port_state = IBV_PORT_ACTIVE;  // what every port says when asked
+int fake_query_port(ibv_context*, uint8_t, ibv_port_attr* attr) {
+  *attr = {};
+  attr->state = g_port_state;
+  return 0;
+}
+ibv_context_ops g_ops = [] {
+  ibv_context_ops ops{};
+  ops.poll_cq = fake_poll_cq;
+  ops.post_recv = fake_post_recv;
+  ops.post_send = fake_post_send;
+  return ops;
+}();
+const ibv_context_ops* fake_provider_ops(ibv_context*) {
+  return &g_ops;
+}
+
+vf::Gid gid(std::uint8_t last) {
+  vf::Gid g{};
+  g[10] = 0xff;
+  g[11] = 0xff;
+  g[15] = last;
+  return g;
+}
+
+// Every registration has the same lkey on the standby device (the rig mirrors nothing).
+bool same_lkey(int, std::uint32_t lkey, std::uint32_t* out) {
+  *out = lkey;
+  return true;
+}
+
+// fake0/1 backed up by fake1/1; the application's QP 17 on fake0 with its standby 18 on fake1,
+// paired with QP 33 of this process, traffic on the primary, both paths connected.
+struct Rig {
+  std::unique_ptr<Engine> e = std::make_unique<Engine>();
+  ibv_context contexts[2]{};
+  ibv_qp app_qp{};
+  ibv_qp standby_qp{};
+  ibv_cq cq{};
+  ibv_cq shadow_cq{};  // the CQ's shadow on fake1
+  std::unique_ptr<vf::CqState> cq_state;
+  vf::VirtualQp* v = nullptr;
+  Protection* p = nullptr;
+
+  vf::DatapathServices saved_services = vf::datapath_services();
+
+  Rig() {
+    vf::DatapathServices services = saved_services;
+    services.translate_lkey = same_lkey;
+    vf::set_datapath_services(services);
+    g_modifies.clear();
+    g_posts.clear();
+    g_recv_posts.clear();
+    g_refused_qp = nullptr;
+    g_port_state = IBV_PORT_ACTIVE;
+    e->verbs.modify_qp = fake_modify_qp;
+    e->verbs.query_port = fake_query_port;
+    e->verbs.query_gid = fake_query_gid;
+    e->verbs.provider_ops = fake_provider_ops;
+    e->configured = e->started = true;
+    e->token = 1;
+    e->device_count = 2;
+    for (int i = 0; i < 2; ++i) {
+      e->devices[i].name = i == 0 ? "fake0" : "fake1";
+      e->devices[i].context = &contexts[i];
+      contexts[i].ops = g_ops;
+      e->devices[i].port_count = 1;
+      e->devices[i].ports[1].state = IBV_PORT_ACTIVE;
+    }
+    e->devices[0].ports[1].backup_device = 1;
+    app_qp.qp_num = 17;
+    app_qp.context = &contexts[0];
+    app_qp.state = IBV_QPS_RTS;
+    standby_qp.qp_num = 18;
+    standby_qp.context = &contexts[1];
+    cq.context = &contexts[0];
+    cq.cqe = 64;
+    cq_state = std::make_unique<vf::CqState>(&cq, 0, &g_ops, 2 * 64 + 64);
+    shadow_cq.context = &contexts[1];
+    shadow_cq.cqe = 64;
+    cq_state->shadow = &shadow_cq;
+    cq_state->shadow_device_index = 1;
+    ibv_qp_cap cap{};
+    cap.max_send_wr = cap.max_recv_wr = 16;
+    cap.max_send_sge = cap.max_recv_sge = 1;
+    cap.max_inline_data = 64;
+    auto qp = std::make_unique<vf::VirtualQp>(&app_qp, &g_ops, cap, false, cq_state.get(),
+                                              cq_state.get());
+    v = qp.get();
+    v->path[vf::kPrimary] = {&app_qp, 0, 1, 0, gid(1), 100, true, false};
+    v->path[vf::kStandby] = {&standby_qp, 1, 1, 0, gid(2), 200, true, false};
+    p = &e->protections[v];
+    p->qp = std::move(qp);
+    p->local = {17, gid(1)};
+    p->remote = {33, gid(3)};
+    p->remote_known = true;
+    p->paired = true;
+    p->peer.local = true;
+  }
+
+  ~Rig() { vf::set_datapath_services(saved_services); }
+  Rig(const Rig&) = delete;
+  Rig& operator=(const Rig&) = delete;
+
+  // One inline SEND (a receive-consuming message), posted as the application would.
+  void post_send(std::uint64_t wr_id, bool signaled = true) {
+    char payload[8] = "message";
+    ibv_sge sge{reinterpret_cast<std::uintptr_t>(payload), sizeof payload, 0};
+    ibv_send_wr wr{};
+    wr.wr_id = wr_id;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_SEND;
+    wr.send_flags = IBV_SEND_INLINE | (signaled ? IBV_SEND_SIGNALED : 0);
+    ibv_send_wr* bad = nullptr;
+    REQUIRE(v->post_send(&wr, &bad) == 0);
+  }
+
+  // One receive of 8 bytes, posted as the application would.
+  void post_recv(std::uint64_t wr_id) {
+    static char buffer[8];
+    ibv_sge sge{reinterpret_cast<std::uintptr_t>(buffer), sizeof buffer, 0};
+    ibv_recv_wr wr{};
+    wr.wr_id = wr_id;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    ibv_recv_wr* bad = nullptr;
+    REQUIRE(v->post_recv(&wr, &bad) == 0);
+  }
+
+  vf::FailoverRequest request_from_peer(std::uint32_t epoch) const {
+    vf::FailoverRequest request;
+    request.local = p->remote;  // the sender's view: its QP, then ours
+    request.remote = p->local;
+    request.epoch = epoch;
+    request.reason = static_cast<std::uint32_t>(vf::FailoverReason::kPortDown);
+    request.target_path = vf::kStandby;
+    return request;
+  }
+  void deliver(const vf::FailoverRequest& m) {
+    vf::failover::handle_failover(*e, m.remote, m.delivered_messages, m.epoch, m.target_path, true,
+                                  static_cast<vf::FailoverReason>(m.reason));
+  }
+  template <typename Message>
+  std::vector<Message> sent() const {
+    std::vector<Message> out;
+    for (const auto& [token, message] : e->local_inbox) {
+      if (const auto* m = std::get_if<Message>(&message)) out.push_back(*m);
+    }
+    return out;
+  }
+};
+
+}  // namespace
