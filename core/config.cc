@@ -221,6 +221,17 @@ ConfigResult parse_config(const EnvLookup& env, int pid) {
           *value));
     }
   }
+  if (auto value = env("VERBS_FAILOVER_PORT_STABLE_MS")) {
+    const auto ms = parse_unsigned(*value);
+    if (ms && *ms <= Config::kMaxPortStableMs) {
+      config.port_stable_ms = static_cast<std::uint32_t>(*ms);
+    } else {
+      result.problems.push_back(fmt::format(
+          "VERBS_FAILOVER_PORT_STABLE_MS='{}' is not a duration; accepted values: milliseconds, "
+          "an integer 0-{}; using {}",
+          *value, Config::kMaxPortStableMs, config.port_stable_ms));
+    }
+  }
   if (auto value = env("VERBS_FAILOVER_QP_TIMEOUT")) {
     const auto exponent = parse_unsigned(*value);
     if (exponent && *exponent >= 1 && *exponent <= 31) {

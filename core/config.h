@@ -32,7 +32,14 @@ struct Config {
   std::uint16_t ctrl_port_last = kDefaultCtrlPortLast;
   std::vector<std::string> ctrl_peer_addresses;  // dotted IPv4, validated
   bool failback = true;              // VERBS_FAILOVER_FAILBACK=0 stays on the standby path
+  // VERBS_FAILOVER_PORT_STABLE_MS: how long a port that came back must stay ACTIVE before its
+  // paths are re-armed (and traffic fails back to it): a flapping port is not used between flaps.
+  std::uint32_t port_stable_ms = kDefaultPortStableMs;
 
+  // Optics that flap do so within seconds, and a port can report ACTIVE a moment before its data
+  // path carries traffic; two seconds is short against a repair and long against one blink.
+  static constexpr std::uint32_t kDefaultPortStableMs = 2000;
+  static constexpr std::uint32_t kMaxPortStableMs = 600'000;
   static constexpr std::uint8_t kDefaultQpTimeout = 14;        // 67 ms per try, ~0.5 s to RETRY_EXC
   // Not perftest's or rc_pingpong's default 18515: the shim starts listening when a device is
   // opened, before those programs bind their own port.

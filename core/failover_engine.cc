@@ -38,6 +38,7 @@ void FailoverEngine::configure(const Config& config, const VerbsApi& verbs, std:
   Engine& e = engine();
   std::lock_guard lock(e.mutex);
   e.config = config;
+  e.port_stable_ns = static_cast<std::uint64_t>(config.port_stable_ms) * 1'000'000;
   e.verbs = verbs;
   e.program = std::move(program);
   e.configured = true;

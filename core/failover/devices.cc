@@ -139,4 +139,17 @@ bool port_active(Engine& e, int device, std::uint8_t port) {
   return e.devices[device].ports[port].state == IBV_PORT_ACTIVE;
 }
 
+bool port_stable(Engine& e, int device, std::uint8_t port, std::uint64_t now) {
+  PortInfoState& info = e.devices[device].ports[port];
+  if (info.state != IBV_PORT_ACTIVE) return false;
+  if (info.active_since_ns == 0 || now >= info.active_since_ns + e.port_stable_ns) return true;
+  if (!info.stability_wait_logged) {
+    info.stability_wait_logged = true;
+    VF_LOG_INFO("failover: port {}/{} is ACTIVE again; its paths are re-armed once it has stayed "
+                "ACTIVE for {} ms (VERBS_FAILOVER_PORT_STABLE_MS)",
+                e.devices[device].name, port, e.port_stable_ns / 1'000'000);
+  }
+  return false;
+}
+
 }  // namespace vf::failover

@@ -29,5 +29,8 @@ bool gid_of_port(Engine& e, int device, std::uint8_t port, const Gid& gid);
 
 // Whether the port was ACTIVE at its last event (the cached state; see port_events.h).
 bool port_active(Engine& e, int device, std::uint8_t port);
+// ACTIVE, and for Engine::port_stable_ns since it last came back (a flapping port is not re-used
+// between its flaps). Logs once per return while it waits.
+bool port_stable(Engine& e, int device, std::uint8_t port, std::uint64_t now);
 
 }  // namespace vf::failover

@@ -50,6 +50,10 @@ struct PortInfoState {
   int backup_device = -1;
   std::uint8_t backup_port = 1;
   std::uint64_t changes = 0;
+  // When it last became ACTIVE after being down (monotonic; 0: ACTIVE since the engine started).
+  std::uint64_t active_since_ns = 0;
+  // The "waits until stable" line is written once per return of the port.
+  bool stability_wait_logged = false;
   std::atomic<std::uint64_t> hidden_async_events{0};
 };
 
@@ -131,6 +135,7 @@ struct Engine {
   std::uint64_t rearm_retry_ns = kRearmRetryNs;
   std::uint64_t resume_late_ns = kResumeLateNs;
   std::uint64_t first_hold_down_ns = kFirstHoldDownNs;
+  std::uint64_t port_stable_ns = 0;  // Config::port_stable_ms, set at start
 };
 
 inline bool engine_running(const Engine& e) {

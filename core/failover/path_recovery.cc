@@ -121,7 +121,8 @@ void handle_rearm(Engine& e, const vf::Rearm& message) {
   // A request: ours too if our port is up and the path is idle.
   p->rearm[path].seen_nonce = std::max(p->rearm[path].seen_nonce, message.nonce);
   if (v.active_path() == path || p->sw.in_progress) return;
-  if (!port_active(e, physical.device_index, physical.port)) return;
+  // Not before our port has stayed up: our "up" notice (maybe_rearm) makes the asker ask again.
+  if (!port_stable(e, physical.device_index, physical.port, monotonic_ns())) return;
   if (held_down(*p, path, monotonic_ns())) return;  // the asker asks again after its retry
   if (message.nonce <= p->rearm[path].answered_nonce) return;  // an older request, overtaken
   p->rearm[path].awaiting = false;
@@ -144,8 +145,9 @@ void maybe_rearm(Engine& e, Protection& p, int path) {
     return;
   }
   const PhysicalPath& physical = v.path[path];
-  if (!port_active(e, physical.device_index, physical.port)) return;
   const std::uint64_t now = monotonic_ns();
+  // Neither asks nor says its port is back until the port has stayed up (a flap is not a repair).
+  if (!port_stable(e, physical.device_index, physical.port, now)) return;
   if (held_down(p, path, now)) return;  // neither asks nor says its port is back
   if (p.local != p.remote && answers_rearm(e, p)) {
     // The peer asks; it must hear that it can now (its requests while our port was down went

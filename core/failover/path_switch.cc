@@ -310,6 +310,18 @@ void handle_failover(Engine& e, const QpKey& ours, std::uint64_t delivered, std:
     }
   }
   if (sw.in_progress && sw.epoch == epoch) {
+    if (is_request && reason == FailoverReason::kFailback &&
+        sw.reason == FailoverReason::kErrorCompletion && sw.to == target) {
+      // Crossed with the peer's failback: its first step moved its end of our old path to ERR,
+      // and our requests there ran out of retries before its request (sent after its drain)
+      // arrived. Those errors were the failback's own, not a failure of the path: no hold, and
+      // the switch counts as the failback it is.
+      VF_LOG_INFO("qp {}: the errors on the {} path came from the peer's failback, not a "
+                  "failure: it is not held down",
+                  p->qp->vqpn, path_name(sw.from));
+      p->hold[sw.from] = HoldDown{.restored_ns = p->hold[sw.from].restored_ns};
+      sw.reason = FailoverReason::kFailback;
+    }
     sw.peer_known = true;
     sw.peer_count = delivered;
     if (sw.local_ready) finish_switch(e, *p);

@@ -22,6 +22,10 @@ void on_port_change(Engine& e, int device, std::uint8_t port, ibv_port_state sta
   const ibv_port_state before = info.state;
   info.state = state;
   ++info.changes;
+  if (state == IBV_PORT_ACTIVE && before != IBV_PORT_NOP) {
+    info.active_since_ns = monotonic_ns();
+    info.stability_wait_logged = false;
+  }
   VF_LOG_INFO("failover: port {}/{} is {} (was {})", e.devices[device].name, port,
               port_state_name(state), port_state_name(before));
   const bool down = state != IBV_PORT_ACTIVE;

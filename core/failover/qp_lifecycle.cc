@@ -12,6 +12,7 @@
 #include "core/failover/devices.h"
 #include "core/failover/memory_mirror.h"
 #include "core/failover/pairing.h"
+#include "core/failover/path_recovery.h"
 #include "core/failover/protection_status.h"
 #include "core/failover/qp_transitions.h"
 #include "core/failover/srq_group.h"
@@ -167,23 +168,26 @@ void record_rts(Protection& p, const ibv_qp_attr& adjusted, int mask, const ibv_
   if (mask & IBV_QP_SQ_PSN) p.qp->path[kPrimary].psn = asked.sq_psn;
 }
 
-// The standby follows the application's RTS (its retry counts) and RNR timer. A standby left in
-// RTR that cannot go to RTS cannot carry this QP's requests: no switch may go there, and a
-// re-arm connects it again from the start (RTR and RTS at once, the RTS now known). Returns the
-// provider's errno when the QP's traffic already runs on that standby (the peer moved the pair
-// before this RTS): then no path can carry the application's requests, and its RTS fails.
+// The standby follows the application's RTS (its retry counts) and RNR timer. Returns the
+// provider's errno when the QP's traffic already runs on a standby that cannot leave RTR (the
+// peer moved the pair before this RTS): no path can carry the application's requests, so its RTS
+// fails, and fails again on each retry for as long as the standby refuses. A standby that does
+// not carry the traffic and refuses is out of use: the peer is told (it must not switch there)
+// and a re-arm connects it again from the start (RTR and RTS at once, the RTS now known).
 int follow_rts_on_standby(Engine& e, Protection& p, const ibv_qp_attr& adjusted, int mask) {
   const bool was_pending = p.standby_rts_pending;
   const int result = standby_follow_rts(e, p, adjusted, mask);
   if (result == 0 || !was_pending) return 0;
   VirtualQp& v = *p.qp;
-  v.path[kStandby].connected = false;
   if (v.active_path() == kStandby) {
     set_unprotected(p, "its standby QP, which carries its traffic, could not follow the "
                        "application's RTS");
     return result;
   }
+  v.path[kStandby].connected = false;
+  p.standby_rts_pending = false;  // the re-arm's connection is complete
   p.rearm[kStandby].needed = true;
+  send_path_status(e, p, kStandby, false);
   set_unprotected(p, "its standby QP could not follow the application's RTS");
   return 0;
 }

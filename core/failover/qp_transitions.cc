@@ -211,7 +211,11 @@ bool connect_standby(Engine& e, Protection& p, std::uint32_t dest_qpn, const Gid
 
 int standby_follow_rts(Engine& e, Protection& p, const ibv_qp_attr& asked, int mask) {
   PhysicalPath& standby = p.qp->path[kStandby];
-  if (!p.paired || standby.qp == nullptr || !standby.connected || standby.failed) return 0;
+  if (!p.paired || standby.qp == nullptr) return 0;
+  // A standby that carries the traffic is tried whatever its flags say (a port that blinked, an
+  // earlier refusal): left in RTR it would take requests and send none.
+  const bool carries = p.qp->active_path() == kStandby;
+  if (!carries && (!standby.connected || standby.failed)) return 0;
   const char* what = "";
   int result = 0;
   if (p.standby_rts_pending && (mask & IBV_QP_STATE) && asked.qp_state == IBV_QPS_RTS) {

@@ -217,3 +217,16 @@ TEST_CASE("VERBS_FAILOVER_FAILBACK switch") {
         "1|0|on|off|yes|no|true|false; using 1");
   CHECK(result.config.failback);
 }
+
+TEST_CASE("VERBS_FAILOVER_PORT_STABLE_MS") {
+  CHECK(parse({}).config.port_stable_ms == vf::Config::kDefaultPortStableMs);
+  CHECK(parse({{"VERBS_FAILOVER_PORT_STABLE_MS", "0"}}).config.port_stable_ms == 0);
+  CHECK(parse({{"VERBS_FAILOVER_PORT_STABLE_MS", "15000"}}).config.port_stable_ms == 15000);
+  const auto result = parse({{"VERBS_FAILOVER_PORT_STABLE_MS", "2s"}});
+  CHECK(result.config.port_stable_ms == vf::Config::kDefaultPortStableMs);
+  REQUIRE(result.problems.size() == 1);
+  CHECK(result.problems[0] ==
+        "VERBS_FAILOVER_PORT_STABLE_MS='2s' is not a duration; accepted values: milliseconds, an "
+        "integer 0-600000; using 2000");
+  CHECK(parse({{"VERBS_FAILOVER_PORT_STABLE_MS", "600001"}}).problems.size() == 1);
+}

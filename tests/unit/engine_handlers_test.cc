@@ -1,6 +1,7 @@
 // The failover engine's rooms (core/failover/) driven one handler at a time, on the rig of
 // tests/unit/engine_rig.h (no thread, no socket, no device). Each case hands one crafted message
 // or event to the function that owns it and checks the state it changed, and what it left alone.
+#include "core/failover/periodic_work.h"
 #include "tests/unit/engine_rig.h"
 
 TEST_CASE("FailoverRequest with the next epoch switches this side and answers with its count",
@@ -345,4 +346,67 @@ TEST_CASE("During a switch a receive the application posts reaches the new path 
   REQUIRE_FALSE(rig.p->sw.in_progress);
   CHECK(on_standby() == 3);  // none posted twice
   CHECK(g_posts.size() == 1);
+}
+
+// Issue 19 item 6 (seen in the lab's heal_crossed_rails): the side that answered the primary's
+// re-arm waits for the peer to fail back. The peer's failback moves its end of the standby to ERR
+// first and asks only after its drain (up to a second on rxe), so this side's requests on the
+// standby can run out of retries before the request arrives: the errors look like a silent
+// failure of the standby, this side switches to the primary as well and would hold the standby
+// down for 10 s. When the crossed requests show that the peer was failing back, the errors were
+// the failback's own: a failback, no hold.
+TEST_CASE("Errors on the standby caused by the peer's failback are a failback, not a failure",
+          "[engine]") {
+  Rig rig;
+  rig.deliver(rig.request_from_peer(1));  // the pair runs on the standby
+  REQUIRE(rig.v->active_path() == vf::kStandby);
+  REQUIRE(rig.p->failovers == 1);
+  rig.v->path[vf::kPrimary].connected = true;  // the primary re-armed (this side answered)
+  rig.v->path[vf::kPrimary].failed = false;
+  rig.p->rearm[vf::kPrimary] = {};
+  rig.v->link_error_seen.store(true);  // the standby's requests ran out of retries
+  vf::failover::periodic_work(*rig.e);
+  REQUIRE(rig.p->sw.in_progress);
+  REQUIRE(rig.p->sw.to == vf::kPrimary);
+  CHECK(rig.p->hold[vf::kStandby].until_ns != 0);  // a silent failure, as far as this side knows
+  vf::FailoverRequest failback = rig.request_from_peer(2);
+  failback.reason = static_cast<std::uint32_t>(vf::FailoverReason::kFailback);
+  failback.target_path = vf::kPrimary;
+  rig.deliver(failback);
+  REQUIRE_FALSE(rig.p->sw.in_progress);
+  CHECK(rig.v->active_path() == vf::kPrimary);
+  CHECK(rig.p->failovers == 1);
+  CHECK(rig.p->failbacks == 1);
+  CHECK(rig.p->hold[vf::kStandby].until_ns == 0);
+  REQUIRE_FALSE(rig.p->events.empty());
+  CHECK(rig.p->events.back().kind == std::string("failback"));
+}
+
+// Issue 19 item 6: a port that flaps is not re-used between its flaps. Its paths are re-armed
+// (and traffic fails back) only after it stayed ACTIVE for Engine::port_stable_ns.
+TEST_CASE("A port that came back is re-armed only once it has stayed ACTIVE", "[engine]") {
+  Rig rig;
+  rig.e->port_stable_ns = 3600'000'000'000ull;  // an hour: "not yet" for the whole test
+  vf::failover::on_port_change(*rig.e, 0, 1, IBV_PORT_DOWN);
+  vf::failover::handle_failover(*rig.e, rig.p->local, 0, 1, vf::kStandby, false,
+                                vf::FailoverReason::kPeerRequest);
+  REQUIRE_FALSE(rig.p->sw.in_progress);
+  REQUIRE(rig.v->active_path() == vf::kStandby);
+  rig.e->local_inbox.clear();
+  auto asked = [&rig] {
+    std::size_t n = rig.sent<vf::Rearm>().size();
+    for (const vf::PathStatus& status : rig.sent<vf::PathStatus>()) n += status.up ? 1 : 0;
+    return n;
+  };
+  vf::failover::on_port_change(*rig.e, 0, 1, IBV_PORT_ACTIVE);
+  vf::failover::periodic_work(*rig.e);
+  CHECK(asked() == 0);  // neither a re-arm request nor an "up" notice yet
+  CHECK(rig.p->rearm[vf::kPrimary].needed);
+  vf::failover::on_port_change(*rig.e, 0, 1, IBV_PORT_DOWN);  // it flaps
+  vf::failover::on_port_change(*rig.e, 0, 1, IBV_PORT_ACTIVE);
+  vf::failover::periodic_work(*rig.e);
+  CHECK(asked() == 0);
+  rig.e->port_stable_ns = 0;  // time has passed
+  vf::failover::periodic_work(*rig.e);
+  CHECK(asked() == 1);
 }

@@ -100,6 +100,7 @@ std::vector<ModifyCall> app_modify(Rig& rig, ibv_qp_attr attr, int mask, int res
 // The application gave its RTR (RNR timer 12) and the standby pair was connected: it waits in
 // RTR for the application's RTS.
 void pair_before_rts(Rig& rig) {
+  rig.app_qp.state = IBV_QPS_RTR;
   rig.p->attrs = {};
   give_rtr(rig, 12);
   REQUIRE(vf::failover::connect_path(*rig.e, *rig.p, vf::kStandby, 34, gid(4), 0x55));
@@ -196,8 +197,11 @@ TEST_CASE("A standby that refuses to follow the application's RTS", "[engine]") 
 
   SECTION("traffic on the application's own path: it goes on, unprotected, re-armed later") {
     app_modify(rig, rts, kAppRtsMask);
-    CHECK(rig.app_qp.state == IBV_QPS_RTS);
     CHECK_FALSE(rig.v->path[vf::kStandby].connected);
+    const auto notices = rig.sent<vf::PathStatus>();  // the peer must not switch there
+    REQUIRE(notices.size() == 1);
+    CHECK(notices[0].path == vf::kStandby);
+    CHECK_FALSE(notices[0].up);
     CHECK(rig.p->rearm[vf::kStandby].needed);  // a re-arm connects it again, fully
     CHECK(rig.p->unprotected_reason.find("could not follow the application's RTS") !=
           std::string::npos);
@@ -211,6 +215,25 @@ TEST_CASE("A standby that refuses to follow the application's RTS", "[engine]") 
     app_modify(rig, rts, kAppRtsMask, EINVAL);
     CHECK(rig.app_qp.state == IBV_QPS_RTR);
     CHECK_FALSE(rig.p->unprotected_reason.empty());
+    // The application tries again: refused again while the standby refuses, then it moves.
+    app_modify(rig, rts, kAppRtsMask, EINVAL);
+    CHECK(rig.app_qp.state == IBV_QPS_RTR);
+    g_refused_qp = nullptr;
+    const auto calls = app_modify(rig, rts, kAppRtsMask);
+    REQUIRE(calls.size() == 1);
+    CHECK(calls[0].state == IBV_QPS_RTS);
+    CHECK(rig.app_qp.state == IBV_QPS_RTS);
+    CHECK_FALSE(rig.p->standby_rts_pending);
+  }
+  SECTION("traffic moved to the standby, whose port then blinked: it still follows") {
+    g_refused_qp = nullptr;
+    rig.deliver(rig.request_from_peer(1));
+    REQUIRE(rig.v->active_path() == vf::kStandby);
+    rig.v->path[vf::kStandby].failed = true;
+    const auto calls = app_modify(rig, rts, kAppRtsMask);
+    REQUIRE(calls.size() == 1);
+    CHECK(calls[0].state == IBV_QPS_RTS);
+    CHECK(rig.app_qp.state == IBV_QPS_RTS);
   }
 }
 

@@ -5,7 +5,8 @@
 # The command's stdout and stderr are both checked and echoed.
 #   CHECK_RUN_STATS="failovers>=1 failbacks>=1": with the shim, the run writes its stats file
 #   (VERBS_FAILOVER_STATS is set here) and each total named must reach the given minimum — the
-#   proof that a failover really happened and the pass is not a run the fault never touched.
+#   proof that a failover really happened and the pass is not a run the fault never touched
+#   ("failbacks<=0": at most that many).
 set -u
 mode=$1 arg=$2
 shift 2
@@ -39,9 +40,11 @@ if len(files) != 1:
 totals = json.load(open(files[0]))["totals"]
 print("check_run: stats totals", totals)
 for rule in sys.argv[2:]:
-    name, minimum = rule.split(">=")
-    if totals.get(name, 0) < int(minimum):
-        sys.exit(f"check_run: stats {name}={totals.get(name, 0)}, expected >= {minimum}")
+    op = ">=" if ">=" in rule else "<="
+    name, bound = rule.split(op)
+    value = totals.get(name, 0)
+    if (value < int(bound)) if op == ">=" else (value > int(bound)):
+        sys.exit(f"check_run: stats {name}={value}, expected {op} {bound}")
 PY
     fi ;;
   fail)
