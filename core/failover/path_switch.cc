@@ -310,16 +310,20 @@ void handle_failover(Engine& e, const QpKey& ours, std::uint64_t delivered, std:
     }
   }
   if (sw.in_progress && sw.epoch == epoch) {
+    const std::uint64_t target_restored = p->hold[target].restored_ns;
     if (is_request && reason == FailoverReason::kFailback &&
-        sw.reason == FailoverReason::kErrorCompletion && sw.to == target) {
-      // Crossed with the peer's failback: its first step moved its end of our old path to ERR,
-      // and our requests there ran out of retries before its request (sent after its drain)
-      // arrived. Those errors were the failback's own, not a failure of the path: no hold, and
-      // the switch counts as the failback it is.
+        sw.reason == FailoverReason::kErrorCompletion && sw.to == target &&
+        target_restored != 0 && sw.started_monotonic_ns >= target_restored &&
+        sw.started_monotonic_ns - target_restored < kSwitchAnswerTimeoutNs) {
+      // Crossed with the peer's failback, soon after this side answered the re-arm of the path
+      // it fails back to: its first step moved its end of our old path to ERR, and our requests
+      // there ran out of retries before its request (sent after its drain) arrived. Those errors
+      // were the failback's own, not a failure of the path: no hold (its length is kept for the
+      // next real one), and the switch counts as the failback it is.
       VF_LOG_INFO("qp {}: the errors on the {} path came from the peer's failback, not a "
                   "failure: it is not held down",
                   p->qp->vqpn, path_name(sw.from));
-      p->hold[sw.from] = HoldDown{.restored_ns = p->hold[sw.from].restored_ns};
+      p->hold[sw.from].until_ns = 0;
       sw.reason = FailoverReason::kFailback;
     }
     sw.peer_known = true;

@@ -84,14 +84,21 @@ void on_device_event(Engine& e, int device) {
     case IBV_EVENT_PORT_ACTIVE: {
       const int port = event.element.port_num;
       if (port >= 1 && port <= e.devices[device].port_count) {
+        const auto port_number = static_cast<std::uint8_t>(port);
         ibv_port_attr attr{};
         ibv_port_state state =
             event.event_type == IBV_EVENT_PORT_ERR ? IBV_PORT_DOWN : IBV_PORT_ACTIVE;
-        if (e.verbs.query_port(e.devices[device].context, static_cast<std::uint8_t>(port), &attr) ==
-            0) {
+        if (e.verbs.query_port(e.devices[device].context, port_number, &attr) == 0) {
           state = attr.state;
         }
-        on_port_change(e, device, static_cast<std::uint8_t>(port), state);
+        // A port that went down and is back by the time its event is read still went down: its
+        // paths lost what was in flight, and its return starts the wait for stability afresh.
+        if (event.event_type == IBV_EVENT_PORT_ERR && state == IBV_PORT_ACTIVE) {
+          VF_LOG_INFO("failover: port {}/{} went down and is ACTIVE again already",
+                      e.devices[device].name, port);
+          on_port_change(e, device, port_number, IBV_PORT_DOWN);
+        }
+        on_port_change(e, device, port_number, state);
       }
       break;
     }
