@@ -263,6 +263,9 @@ class VirtualQp {
   std::atomic<bool> link_error_seen{false};
   // The application made the QP fail (its own error, or it moved the QP to ERR/RESET).
   std::atomic<bool> application_failed{false};
+  // A link-class error reached the application because no path was left (the engine reports
+  // the QP unprotected for good, once).
+  std::atomic<bool> failure_shown{false};
   std::atomic<bool> awaiting_resume{false};
   std::atomic<bool> translation_missing{false};
   std::uint32_t max_inline;

@@ -305,8 +305,15 @@ bool VirtualQp::on_error_completion(CqState& cq, int p, ibv_wc& wc) {
     }
     return false;
   }
-  // The application's own error (or no path left): it gets the completion it would have got.
-  if (!is_link_failure(wc.status)) application_failed.store(true, std::memory_order_relaxed);
+  // The application's own error, or no path left: it gets the completion it would have got,
+  // and its QP is failed for good, as without the shim: a path that heals later must not take
+  // the traffic back (the replay would repeat, or complete as SUCCESS, work the application has
+  // just seen fail). The engine reports it (periodic_work).
+  application_failed.store(true, std::memory_order_relaxed);
+  if (is_link_failure(wc.status) && !failure_shown.exchange(true, std::memory_order_relaxed) &&
+      g_services.wake_engine) {
+    g_services.wake_engine();
+  }
   if (p == kStandby && srq != nullptr && (wc.wr_id & kStandbyReceiveTag)) {
     // The application gets this receive back: it is no longer the shim's to move.
     wc.qp_num = vqpn;

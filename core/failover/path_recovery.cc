@@ -106,6 +106,8 @@ void handle_rearm(Engine& e, const vf::Rearm& message) {
   VirtualQp& v = *p->qp;
   const int path = message.path;
   PhysicalPath& physical = v.path[path];
+  // Failed for good (the application has seen its failure): no path comes back (§5g).
+  if (v.application_failed.load()) return;
   if (message.is_reply) {
     if (!p->rearm[path].awaiting || message.nonce != p->rearm[path].nonce) {
       VF_LOG_DEBUG("qp {}: stale re-arm reply for the {} path ignored", v.vqpn, path_name(path));

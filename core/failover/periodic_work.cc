@@ -12,6 +12,7 @@
 #include "core/failover/pairing.h"
 #include "core/failover/path_recovery.h"
 #include "core/failover/path_switch.h"
+#include "core/failover/protection_status.h"
 #include "core/failover/srq_group.h"
 #include "core/log.h"
 #include "core/verbs_names.h"
@@ -74,6 +75,14 @@ void periodic_work(Engine& e) {
   for (auto& [key, p] : e.protections) {
     if (p.destroyed) continue;
     VirtualQp& v = *p.qp;
+    if (v.failure_shown.exchange(false, std::memory_order_relaxed) && p.paired) {
+      // Both paths failed and the application has seen the error (issue 19 item 1): failed for
+      // good, no re-arm, no failback.
+      set_unprotected(p, "no path is left: the application has seen its QP fail, and the QP "
+                         "stays failed as it would without the shim");
+      p.rearm[kPrimary] = {};
+      p.rearm[kStandby] = {};
+    }
     if (v.link_error_seen.load(std::memory_order_relaxed) && !p.sw.in_progress) {
       // The peer is told "error completion" only for a silent failure (it then holds the path
       // down too); errors of a port that is down are that port's failure.
