@@ -19,6 +19,7 @@ enum class MessageType : std::uint16_t {
   kRearm = 8,
   kMrQuery = 9,
   kPathStatus = 10,
+  kPairEnded = 11,
 };
 
 constexpr std::size_t kRegistrationSize = 8 + 8 + 4 + 4;
@@ -233,6 +234,7 @@ MessageType type_of(const ControlMessage& message) {
         if constexpr (std::is_same_v<T, Rearm>) return MessageType::kRearm;
         if constexpr (std::is_same_v<T, MrQuery>) return MessageType::kMrQuery;
         if constexpr (std::is_same_v<T, PathStatus>) return MessageType::kPathStatus;
+        if constexpr (std::is_same_v<T, PairEnded>) return MessageType::kPairEnded;
       },
       message);
 }
@@ -309,6 +311,11 @@ std::optional<ControlMessage> read_payload(MessageType type, Reader& reader) {
       value.rearm_nonce = reader.u32("rearm nonce");
       return ControlMessage{value};
     }
+    case MessageType::kPairEnded: {
+      PairEnded value;
+      reader.pair_keys(value);
+      return ControlMessage{value};
+    }
   }
   return std::nullopt;
 }
@@ -359,6 +366,8 @@ void encode_control_message(const ControlMessage& message, std::vector<std::uint
         } else if constexpr (std::is_same_v<T, MrQuery>) {
           writer.u32(value.primary_rkey);
           writer.gid(value.device_gid);
+        } else if constexpr (std::is_same_v<T, PairEnded>) {
+          writer.pair_keys(value);
         } else {
           static_assert(std::is_same_v<T, PathStatus>);
           writer.pair_keys(value);

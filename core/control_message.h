@@ -153,6 +153,17 @@ struct PathStatus {
   bool operator==(const PathStatus&) const = default;
 };
 
+// "My QP of this pair is failed for good" (its application has seen it fail, or took it down):
+// the pair is over, and the receiver stops asking (switches, re-arms, path news) and stops
+// waiting. Sent once when the sender's QP fails for good, and again as the answer to any
+// request about that QP, so that a peer that missed it does not wait for an answer that will
+// never come.
+struct PairEnded {
+  QpKey local;  // the sender's QP, failed for good
+  QpKey remote;
+  bool operator==(const PairEnded&) const = default;
+};
+
 // "Send me the translation of this rkey of yours" — a registration the application used on the
 // standby path before the peer's MrUpdate arrived. Answered with an MrUpdate.
 struct MrQuery {
@@ -162,10 +173,10 @@ struct MrQuery {
 };
 
 using ControlMessage = std::variant<PairRequest, PairReply, MrUpdate, FailoverRequest, FailoverReply,
-                                    Hello, PairRefused, Rearm, MrQuery, PathStatus>;
+                                    Hello, PairRefused, Rearm, MrQuery, PathStatus, PairEnded>;
 
 inline constexpr std::uint32_t kControlMagic = 0x4D434656;  // "VFCM" little-endian
-inline constexpr std::uint16_t kControlVersion = 6;
+inline constexpr std::uint16_t kControlVersion = 7;
 inline constexpr std::size_t kControlHeaderSize = 12;       // magic, version, type, length
 inline constexpr std::size_t kMaxControlPayload = 64 * 1024;
 inline constexpr std::size_t kMaxRegistrationsPerMessage = 2048;

@@ -309,9 +309,11 @@ bool VirtualQp::on_error_completion(CqState& cq, int p, ibv_wc& wc) {
   // and its QP is failed for good, as without the shim: a path that heals later must not take
   // the traffic back (the replay would repeat, or complete as SUCCESS, work the application has
   // just seen fail). The engine reports it (periodic_work).
-  application_failed.store(true, std::memory_order_relaxed);
-  if (is_link_failure(wc.status) && !failure_shown.exchange(true, std::memory_order_relaxed) &&
-      g_services.wake_engine) {
+  // Only the first error shown tells the engine: flushes that follow an error, or follow the
+  // application's own ERR, are that failure's consequences, not a failure of their own.
+  const bool first = !application_failed.exchange(true, std::memory_order_relaxed);
+  if (first && is_link_failure(wc.status) &&
+      !failure_shown.exchange(true, std::memory_order_relaxed) && g_services.wake_engine) {
     g_services.wake_engine();
   }
   if (p == kStandby && srq != nullptr && (wc.wr_id & kStandbyReceiveTag)) {

@@ -8,6 +8,7 @@
 
 #include "core/clock.h"
 #include "core/failover/memory_mirror.h"
+#include "core/failover/pair_end.h"
 #include "core/failover/pairing.h"
 #include "core/failover/protection_status.h"
 #include "core/failover/path_recovery.h"
@@ -154,6 +155,11 @@ void process_message(Engine& e, const PeerRef& from, std::uint64_t session,
   if (auto* m = std::get_if<PathStatus>(&message)) {
     if (pair_for(e, from, "PathStatus", m->remote, m->local) == nullptr) return;
     return handle_path_status(e, *m);
+  }
+  if (auto* m = std::get_if<PairEnded>(&message)) {
+    Protection* p = pair_for(e, from, "PairEnded", m->remote, m->local);
+    if (p == nullptr) return;
+    return handle_pair_ended(e, *p);
   }
 }
 

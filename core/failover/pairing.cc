@@ -84,7 +84,8 @@ void handle_pair_request(Engine& e, const PeerRef& from, std::uint64_t session,
     }
   };
   if (p == nullptr) return refuse(PairRefusal::kUnknownQp);
-  if (p->qp->path[kStandby].qp == nullptr || p->qp->mode() == PostMode::kBypass) {
+  if (p->qp->path[kStandby].qp == nullptr || p->qp->mode() == PostMode::kBypass ||
+      p->qp->application_failed.load() || p->ended) {
     return refuse(PairRefusal::kUnprotected);
   }
   p->peer = from;
@@ -107,7 +108,8 @@ void handle_pair_request(Engine& e, const PeerRef& from, std::uint64_t session,
 void handle_pair_reply(Engine& e, const PeerRef& from, std::uint64_t session,
                        const PairReply& reply) {
   Protection* p = protection_by_key(e, reply.pair.remote);
-  if (p == nullptr || p->paired) return;
+  // A pairing stopped since (the application's QP failed or was taken down) takes no answer.
+  if (p == nullptr || p->paired || p->ended || p->qp->application_failed.load()) return;
   p->peer = from;
   if (!from.local) p->peer.session = session;
   p->qp->peer = peer_index(e, from.token, reply.pair.local.gid);

@@ -9,6 +9,7 @@
 #include "core/clock.h"
 #include "core/failover/devices.h"
 #include "core/failover/message_dispatch.h"
+#include "core/failover/pair_end.h"
 #include "core/failover/path_switch.h"
 #include "core/failover/protection_status.h"
 #include "core/failover/qp_transitions.h"
@@ -106,8 +107,10 @@ void handle_rearm(Engine& e, const vf::Rearm& message) {
   VirtualQp& v = *p->qp;
   const int path = message.path;
   PhysicalPath& physical = v.path[path];
-  // Failed for good (the application has seen its failure): no path comes back (§5g).
-  if (v.application_failed.load()) return;
+  // Failed for good (the application has seen its failure): no path comes back, and the peer
+  // hears so instead of asking again (§5g). A pair the peer ended asks nothing.
+  if (v.application_failed.load()) return answer_pair_ended(e, *p);
+  if (p->ended) return;
   if (message.is_reply) {
     if (!p->rearm[path].awaiting || message.nonce != p->rearm[path].nonce) {
       VF_LOG_DEBUG("qp {}: stale re-arm reply for the {} path ignored", v.vqpn, path_name(path));
@@ -143,7 +146,8 @@ void handle_rearm(Engine& e, const vf::Rearm& message) {
 void maybe_rearm(Engine& e, Protection& p, int path) {
   VirtualQp& v = *p.qp;
   RearmState& rearm = p.rearm[path];
-  if (!rearm.needed || p.sw.in_progress || v.active_path() == path || v.application_failed.load()) {
+  if (!rearm.needed || p.sw.in_progress || v.active_path() == path ||
+      v.application_failed.load() || p.ended) {
     return;
   }
   const PhysicalPath& physical = v.path[path];
@@ -178,6 +182,7 @@ void maybe_rearm(Engine& e, Protection& p, int path) {
 
 void send_path_status(Engine& e, Protection& p, int path, bool up) {
   if (p.local == p.remote) return;  // a QP connected to itself: this side is the peer
+  if (p.ended) return;              // the pair is over: nothing more to say
   PathStatus status;
   status.local = p.local;
   status.remote = p.remote;
@@ -197,8 +202,10 @@ void handle_path_status(Engine& e, const PathStatus& message) {
   if (p->remote != message.local) return;  // from an earlier pair of a reused QP number
   VirtualQp& v = *p->qp;
   const int path = message.path;
+  if (v.application_failed.load()) return answer_pair_ended(e, *p);  // §5g
+  if (p->ended) return;
   // A path that carries traffic (or is being switched to or from) is the handshake's business.
-  if (v.active_path() == path || p->sw.in_progress || v.application_failed.load()) return;
+  if (v.active_path() == path || p->sw.in_progress) return;
   RearmState& rearm = p->rearm[path];
   const bool we_ask = !answers_rearm(e, *p);
   if (!message.up) {

@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 
 #include "core/clock.h"
 #include "core/failover/message_dispatch.h"
+#include "core/failover/pair_end.h"
 #include "core/failover/path_drain.h"
 #include "core/failover/path_recovery.h"
 #include "core/failover/protection_status.h"
@@ -203,7 +205,7 @@ void begin_switch(Engine& e, Protection& p, int target, FailoverReason reason, s
 
 bool can_switch_to(const Protection& p, int target) {
   const VirtualQp& v = *p.qp;
-  return p.paired && v.path[target].connected && !v.path[target].failed &&
+  return p.paired && !p.ended && v.path[target].connected && !v.path[target].failed &&
          !v.application_failed.load() && v.mode() != PostMode::kBypass;
 }
 
@@ -265,13 +267,21 @@ void start_switch(Engine& e, Protection& p, int target, FailoverReason reason) {
   VirtualQp& v = *p.qp;
   if (p.sw.in_progress || v.active_path() == target) return;
   if (!can_switch_to(p, target)) {
+    // A QP failed for good has its reason already (or, taken down by the application, needs none).
+    const bool failed_before = v.application_failed.load();
     if (v.link_error_seen.load() || reason == FailoverReason::kErrorCompletion) {
       release_held_errors(p);
     }
-    if (reason != FailoverReason::kFailback) {
-      set_unprotected(p, fmt::format("its {} path failed and the {} path is not usable; the "
-                                     "application sees the failure",
-                                     path_name(v.active_path()), path_name(target)));
+    if (reason != FailoverReason::kFailback && !failed_before) {
+      std::string why = fmt::format("its {} path failed and the {} path is not usable; the "
+                                    "application sees the failure",
+                                    path_name(v.active_path()), path_name(target));
+      // Errors shown: failed for good, and the peer is told (§5g).
+      if (v.application_failed.load()) {
+        end_pair(e, p, std::move(why));
+      } else {
+        set_unprotected(p, std::move(why));
+      }
     }
     return;
   }
@@ -337,8 +347,13 @@ void handle_failover(Engine& e, const QpKey& ours, std::uint64_t delivered, std:
   }
   if (p->qp->active_path() == target) return;
   if (p->qp->application_failed.load() || p->qp->mode() == PostMode::kBypass) {
-    VF_LOG_INFO("qp {}: the peer asks for a switch, but the application has taken the QP down",
+    // Failed for good, or pass-through for good: the peer must not wait for an answer.
+    VF_LOG_INFO("qp {}: the peer asks for a switch, but the QP is failed or pass-through for good",
                 p->qp->vqpn);
+    return answer_pair_ended(e, *p);
+  }
+  if (p->ended) {
+    VF_LOG_DEBUG("qp {}: the peer asks for a switch after its QP failed for good", p->qp->vqpn);
     return;
   }
   // The peer switches: so do we, whatever our ports say (its side of the path failed). If it saw

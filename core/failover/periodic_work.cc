@@ -9,6 +9,7 @@
 #include "core/clock.h"
 #include "core/failover/memory_mirror.h"
 #include "core/failover/message_dispatch.h"
+#include "core/failover/pair_end.h"
 #include "core/failover/pairing.h"
 #include "core/failover/path_recovery.h"
 #include "core/failover/path_switch.h"
@@ -75,13 +76,10 @@ void periodic_work(Engine& e) {
   for (auto& [key, p] : e.protections) {
     if (p.destroyed) continue;
     VirtualQp& v = *p.qp;
-    if (v.failure_shown.exchange(false, std::memory_order_relaxed) && p.paired) {
-      // Both paths failed and the application has seen the error (issue 19 item 1): failed for
-      // good, no re-arm, no failback.
-      set_unprotected(p, "no path is left: the application has seen its QP fail, and the QP "
-                         "stays failed as it would without the shim");
-      p.rearm[kPrimary] = {};
-      p.rearm[kStandby] = {};
+    if (v.failure_shown.load(std::memory_order_relaxed)) {
+      // No path was left and the application has seen the error (issue 19 item 1): failed for
+      // good, no re-arm, no failback, and the peer is told; a pairing still under way stops.
+      end_pair(e, p, failed_for_good_reason(p));
     }
     if (v.link_error_seen.load(std::memory_order_relaxed) && !p.sw.in_progress) {
       // The peer is told "error completion" only for a silent failure (it then holds the path

@@ -83,6 +83,9 @@ struct Protection {
   QpKey remote;
   bool remote_known = false;
   bool paired = false;
+  // The pair is over for good: this end's QP failed for good (§5g) or the peer's did (it said so:
+  // PairEnded). Nothing more is switched, re-armed or asked of the peer; the reason stays.
+  bool ended = false;
   std::string unprotected_reason;
   bool warned_unprotected = false;
   PeerRef peer;

@@ -35,6 +35,8 @@ void mark_protected(Engine& e, Protection& p) {
 
 void set_unprotected(Protection& p, std::string reason) {
   if (p.unprotected_reason == reason) return;
+  // A pair that is over keeps the reason it ended with: later news of its paths changes nothing.
+  if (p.ended && !p.unprotected_reason.empty()) return;
   p.unprotected_reason = std::move(reason);
   VF_LOG_WARN("qp {}: unprotected — {}", p.qp->vqpn, p.unprotected_reason);
 }

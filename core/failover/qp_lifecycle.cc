@@ -274,7 +274,20 @@ int modify_app_qp(Engine& e, VirtualQp* v, ibv_qp* qp, ibv_qp_attr* attr, int ma
       // its traffic runs on the standby, that QP goes to ERR as well, and its flushes reach the
       // application (translated) as the primary's would have.
       v->application_failed.store(true);
-      if (v->active_path() == kStandby && v->path[kStandby].qp != nullptr) {
+      if (attr->qp_state == IBV_QPS_RESET && !p.sw.in_progress) {
+        // A reset ends all the QP's work without completions and makes it new (an application
+        // may re-use a failed QP so): from now on it is the application's own QP, pass-through,
+        // whatever path its traffic ran on.
+        if (v->active_path() == kStandby && v->path[kStandby].qp != nullptr) {
+          to_error(e, v->path[kStandby].qp, false);
+        }
+        v->lock().lock();
+        v->set_accepting(kStandby, false);
+        v->set_active_path(kPrimary);
+        v->set_accepting(kPrimary, true);
+        v->set_mode(PostMode::kBypass);
+        v->lock().unlock();
+      } else if (v->active_path() == kStandby && v->path[kStandby].qp != nullptr) {
         to_error(e, v->path[kStandby].qp, false);
       } else if (!p.sw.in_progress) {
         v->lock().lock();
@@ -294,16 +307,16 @@ int modify_app_qp(Engine& e, VirtualQp* v, ibv_qp* qp, ibv_qp_attr* attr, int ma
 
 void qp_queried(ibv_qp* qp, ibv_qp_attr* attr, int mask, ibv_qp_state application_view) {
   VirtualQp* v = find_virtual_qp(qp);
-  // Pass-through for good (never paired, or given up): the physical state is the application's
-  // business, as without the shim.
-  if (v == nullptr || attr == nullptr || v->application_failed.load() ||
-      v->mode() == PostMode::kBypass) {
-    return;
-  }
-  qp->state = application_view;
+  // Pass-through for good (never paired, given up, or reset by the application after a failure):
+  // the physical state is the application's business, as without the shim.
+  if (v == nullptr || attr == nullptr || v->mode() == PostMode::kBypass) return;
+  // Failed for good with its traffic routed (§5g): in ERR, as the application's QP would be,
+  // whatever its primary's physical state (reset for a re-arm that will not come).
+  const ibv_qp_state view = v->application_failed.load() ? IBV_QPS_ERR : application_view;
+  qp->state = view;
   if (mask & IBV_QP_STATE) {
-    attr->qp_state = application_view;
-    attr->cur_qp_state = application_view;
+    attr->qp_state = view;
+    attr->cur_qp_state = view;
   }
 }
 

@@ -17,7 +17,8 @@
    port-stability wait at 0 via the environment): the QP must stay failed, as it would without
    the shim. For OBSERVE_MS after the shim has seen both ports come back, neither side may get a
    completion (a failback would replay A's failed SENDs: B would receive them, A would see their
-   wr_ids again) and A's QP may not become protected again; a SEND after it is flushed too.
+   wr_ids again) and A's QP may not become protected again; a SEND after it is flushed too. B's
+   QP must have been told (PairEnded) that A's failed for good.
 
    Usage: error_after_failover rnr_after_failover [--no-cut] | double_failure_heal
    Output and exit status as exactly_once: "PASS scenario ..." 0, "FAIL: [...]" 1, "SETUP:" 3.
@@ -279,6 +280,11 @@ static int double_failure_heal(void) {
     qp_protected(g_a.qp->qp_num, reason, sizeof reason);
     if (strstr(reason, "no path is left") == NULL)
       fail("A's QP is unprotected for the wrong reason: %s", reason);
+    /* B was told (PairEnded): it neither waits for a switch nor asks for re-arms. */
+    char peer_reason[256] = "";
+    if (qp_protected(g_b.qp->qp_num, peer_reason, sizeof peer_reason) != 0 ||
+        strstr(peer_reason, "the peer's QP failed for good") == NULL)
+      fail("B's QP was not told that A's QP failed for good: %s", peer_reason);
   }
   if (g_failures) return 1;
   printf("PASS scenario double_failure_heal: A's QP stayed failed through the heal (%s)\n",

@@ -103,6 +103,7 @@ TEST_CASE("every message type survives encode and decode unchanged") {
       vf::MrQuery{0xDEADBEEF, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}},
       sample_path_status(),
       vf::PathStatus{{1, {}}, {2, {}}, 0, true, 0xFFFFFFFFu},
+      vf::PairEnded{{0x11, gid_of(1)}, {0x22, gid_of(2)}},
   };
   for (const auto& message : messages) {
     const auto bytes = encode(message);
@@ -142,13 +143,13 @@ TEST_CASE("malformed messages are rejected with a precise reason") {
   }
   SECTION("future protocol version") {
     auto bytes = good;
-    bytes[4] = 7;
-    CHECK(decode(bytes).error == "protocol version 7 is not supported (this shim speaks 6)");
+    bytes[4] = 8;
+    CHECK(decode(bytes).error == "protocol version 8 is not supported (this shim speaks 7)");
   }
   SECTION("the previous protocol version") {
     auto bytes = good;
-    bytes[4] = 5;
-    CHECK(decode(bytes).error == "protocol version 5 is not supported (this shim speaks 6)");
+    bytes[4] = 6;
+    CHECK(decode(bytes).error == "protocol version 6 is not supported (this shim speaks 7)");
   }
   SECTION("unknown type") {
     auto bytes = good;
@@ -361,10 +362,16 @@ TEST_CASE("malformed messages of the version-2 types are rejected with a precise
     CHECK(decode(bytes).error ==
           "malformed message of type 10: 1 unexpected bytes after the message");
   }
-  SECTION("type 11 is still unknown") {
+  SECTION("pair ended: truncated") {
+    auto bytes = encode(vf::PairEnded{{1, {}}, {2, {}}});
+    bytes.resize(bytes.size() - 1);
+    bytes[8] = static_cast<std::uint8_t>(bytes[8] - 1);
+    CHECK(decode(bytes).error == "malformed message of type 11: message ends inside remote QP");
+  }
+  SECTION("type 12 is still unknown") {
     auto bytes = encode(vf::MrQuery{5});
-    bytes[6] = 11;
-    CHECK(decode(bytes).error == "message type 11 is unknown");
+    bytes[6] = 12;
+    CHECK(decode(bytes).error == "message type 12 is unknown");
   }
   SECTION("type 0 is unknown") {
     auto bytes = encode(vf::MrQuery{5});

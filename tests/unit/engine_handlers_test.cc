@@ -245,6 +245,12 @@ TEST_CASE("Messages about a pair from anyone but its peer change nothing", "[eng
     CHECK_FALSE(rig.p->sw.in_progress);
     CHECK(rig.p->failovers == 1);
   }
+  SECTION("PairEnded from another process: the pair stays protected") {
+    vf::ControlMessage m = vf::PairEnded{rig.p->remote, rig.p->local};
+    vf::failover::process_message(*rig.e, stranger, stranger.session, m);
+    CHECK_FALSE(rig.p->ended);
+    CHECK(rig.p->unprotected_reason.empty());
+  }
   SECTION("PathStatus from another process: the standby stays in use") {
     vf::PathStatus status;
     status.local = rig.p->remote;
@@ -258,12 +264,8 @@ TEST_CASE("Messages about a pair from anyone but its peer change nothing", "[eng
   SECTION("Rearm from another process: the standby is not re-connected anywhere") {
     rig.v->path[vf::kStandby].connected = false;
     rig.p->rearm[vf::kStandby].needed = true;
-    vf::Rearm request;
-    request.local = rig.p->remote;
-    request.remote = rig.p->local;
-    request.path = vf::kStandby;
+    vf::Rearm request = rig.rearm_from_peer(vf::kStandby, 3);
     request.qpn = 4242;
-    request.nonce = 3;
     vf::ControlMessage m = request;
     vf::failover::process_message(*rig.e, stranger, stranger.session, m);
     CHECK(rig.p->rearm[vf::kStandby].seen_nonce == 0);

@@ -219,6 +219,23 @@ struct Rig {
     vf::failover::handle_failover(*e, m.remote, m.delivered_messages, m.epoch, m.target_path, true,
                                   static_cast<vf::FailoverReason>(m.reason));
   }
+  // The peer's request to re-arm one path (its QP 33 on that path), as its shim sends it.
+  vf::Rearm rearm_from_peer(int path, std::uint32_t nonce) const {
+    vf::Rearm request;
+    request.local = p->remote;
+    request.remote = p->local;
+    request.path = static_cast<std::uint8_t>(path);
+    request.nonce = nonce;
+    request.qpn = 33;
+    request.gid = gid(3);
+    return request;
+  }
+  // Any message of the peer (this process's: the rig's peer is local), through the dispatcher.
+  void receive(vf::ControlMessage message) {
+    vf::failover::PeerRef from;
+    from.local = true;
+    vf::failover::process_message(*e, from, 0, message);
+  }
   template <typename Message>
   std::vector<Message> sent() const {
     std::vector<Message> out;
