@@ -291,6 +291,10 @@ class VirtualQp {
                      int path);
   bool on_error_completion(CqState& cq, int path, ibv_wc& wc);
   void translate_standby_error(ibv_wc& wc);
+  // An error completion shown to the application, of a receive this QP took from its SRQ:
+  // retires the receive's record (it left the SRQ for good). True when it translated `wc` (a
+  // standby receive, now the application's).
+  bool retire_srq_receive_error(const CqState& cq, int path, ibv_wc& wc);
 
   SpinLock lock_;
   std::atomic<PostMode> mode_{PostMode::kDirect};  // written under lock_; read by wr_start without it

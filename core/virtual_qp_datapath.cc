@@ -316,7 +316,14 @@ bool VirtualQp::on_error_completion(CqState& cq, int p, ibv_wc& wc) {
       !failure_shown.exchange(true, std::memory_order_relaxed) && g_services.wake_engine) {
     g_services.wake_engine();
   }
-  if (p == kStandby && srq != nullptr && (wc.wr_id & kStandbyReceiveTag)) {
+  if (srq != nullptr && retire_srq_receive_error(cq, p, wc)) return true;
+  if (p == kStandby) translate_standby_error(wc);
+  return true;
+}
+
+bool VirtualQp::retire_srq_receive_error(const CqState& cq, int p, ibv_wc& wc) {
+  if (p == kStandby) {
+    if ((wc.wr_id & kStandbyReceiveTag) == 0) return false;
     // The application gets this receive back: it is no longer the shim's to move.
     wc.qp_num = vqpn;
     srq->lock().lock();
@@ -324,8 +331,22 @@ bool VirtualQp::on_error_completion(CqState& cq, int p, ibv_wc& wc) {
     srq->lock().unlock();
     return true;
   }
-  if (p == kStandby) translate_standby_error(wc);
-  return true;
+  // An error completion's opcode is undefined (rxe reports a flushed receive as IBV_WC_SEND):
+  // the CQ tells a receive from a request when the QP has two; with one, a request of this
+  // wr_id still outstanding says it is the request's.
+  bool receive = &cq == recv_cq;
+  if (send_cq == recv_cq) {
+    send_ring_.for_each_from(0, [&](const SendRecord& record) {
+      receive = record.wr.wr_id != wc.wr_id;
+      return receive;
+    });
+  }
+  if (!receive) return false;
+  std::uint64_t wr_id = wc.wr_id;
+  srq->lock().lock();
+  srq->consume(kPrimary, &wr_id);
+  srq->lock().unlock();
+  return false;  // the completion itself is the application's as it is
 }
 
 bool VirtualQp::on_completion_locked(CqState& cq, int p, ibv_wc& wc) {
@@ -343,7 +364,9 @@ bool VirtualQp::on_completion_locked(CqState& cq, int p, ibv_wc& wc) {
       drain_marker_seen_[p] = true;  // the engine's, never the application's
       return false;
     }
-    return mode_ == PostMode::kBypass ? true : on_error_completion(cq, p, wc);
+    if (mode_ != PostMode::kBypass) return on_error_completion(cq, p, wc);
+    if (srq != nullptr) retire_srq_receive_error(cq, p, wc);
+    return true;
   }
   const bool receive = (wc.opcode & IBV_WC_RECV) != 0;
   if (receive && srq != nullptr) {

@@ -41,6 +41,7 @@ int VirtualSrq::post_recv(ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
   const int path = active_.load(std::memory_order_relaxed);
   for (ibv_recv_wr* w = wr; w != nullptr; w = w->next) {
     int error = 0;
+    if (tail_ - head_ >= capacity_) forget_taken_at_head();
     if (tail_ - head_ >= capacity_) error = ENOMEM;
     if (w->num_sge < 0 || static_cast<std::uint32_t>(w->num_sge) > max_sge) error = EINVAL;
     if (__builtin_expect(error != 0, 0)) {
@@ -52,7 +53,7 @@ int VirtualSrq::post_recv(ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
     }
     const std::uint32_t slot = slot_of(tail_);
     records_[slot] = Record{w->wr_id, static_cast<std::uint32_t>(w->num_sge),
-                            static_cast<std::int8_t>(holding_ ? -1 : path), false};
+                            static_cast<std::int8_t>(holding_ ? -1 : path), false, false};
     std::copy_n(w->sg_list, w->num_sge, &sges_[static_cast<std::size_t>(slot) * sge_stride_]);
     ++tail_;
     ++outstanding_;
@@ -118,9 +119,39 @@ bool VirtualSrq::post_one(std::uint64_t position, int path) {
 }
 
 void VirtualSrq::retire(std::uint64_t position) {
+  mark_taken_before(position, records_[slot_of(position)].where);
   records_[slot_of(position)].consumed = true;
   --outstanding_;
   while (head_ < tail_ && records_[slot_of(head_)].consumed) ++head_;
+}
+
+void VirtualSrq::mark_taken_before(std::uint64_t position, int path) {
+  if (path != kPrimary && path != kStandby) return;
+  for (std::uint64_t p = std::max(scan_[path], head_); p < position; ++p) {
+    Record& record = records_[slot_of(p)];
+    if (!record.consumed && record.where == path) record.taken = true;
+  }
+  scan_[path] = std::max(scan_[path], position + 1);
+}
+
+void VirtualSrq::forget_taken_at_head() {
+  std::uint64_t forgotten = 0;
+  while (head_ < tail_) {
+    Record& record = records_[slot_of(head_)];
+    if (!record.consumed && !record.taken) break;
+    if (!record.consumed) {
+      record.consumed = true;
+      --outstanding_;
+      ++forgotten;
+    }
+    ++head_;
+  }
+  if (forgotten != 0 && (forgotten_ == 0 || std::has_single_bit(forgotten_ + forgotten))) {
+    VF_LOG_INFO("srq {:#x}: {} receive(s) taken by a QP and never completed (their QP was "
+                "destroyed, or their completion went by unseen) are forgotten ({} so far)",
+                app_srq->handle, forgotten, forgotten_ + forgotten);
+  }
+  forgotten_ += forgotten;
 }
 
 bool VirtualSrq::consume(int path, std::uint64_t* wr_id) {
@@ -166,7 +197,10 @@ int VirtualSrq::move_to(int path) {
   for (std::uint64_t position = head_; position < tail_ && ok; ++position) {
     Record& record = records_[slot_of(position)];
     if (record.consumed) continue;
+    // Re-posted whether taken or not: a receive in a QP's hands when the move began was flushed
+    // by that QP's drain (hidden), and the application still counts it as posted.
     record.where = -1;
+    record.taken = false;
     if (post_one(position, path)) {
       ++moved;
     } else {
@@ -174,6 +208,8 @@ int VirtualSrq::move_to(int path) {
     }
   }
   active_.store(path, std::memory_order_relaxed);
+  // The path's SRQ now holds the re-posted receives in position order: start the order afresh.
+  scan_[path] = head_;
   holding_ = false;
   lock_.unlock();
   return ok ? moved : -1;

@@ -40,9 +40,13 @@ class VirtualSrq {
   // ---- data path (application threads) ----
   int post_recv(ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
 
-  // Under lock(): a successful receive completion of an attached QP on `path`. Primary: retires
-  // the oldest unconsumed receive with this wr_id. Standby: *wr_id is the tagged position; it
+  // Under lock(): a receive completion of an attached QP on `path`, shown to the application
+  // (success or error: either way the receive left the SRQ for good). Primary: retires the
+  // oldest unconsumed receive with this wr_id. Standby: *wr_id is the tagged position; it
   // becomes the application's wr_id. False: not a receive this record knows (left as it is).
+  // Receives posted on that path before the one retired have left the SRQ too (an SRQ hands
+  // them out in posting order): they are marked taken, and when the record is full those at its
+  // head are forgotten (their QP was destroyed, or their completion went by unseen).
   bool consume(int path, std::uint64_t* wr_id);
   // Under lock(): the application's wr_id of a tagged standby receive (error completions).
   bool application_wr_id(std::uint64_t tagged, std::uint64_t* wr_id) const;
@@ -60,6 +64,7 @@ class VirtualSrq {
   void pin_to_primary();
   bool pinned() const { return pinned_.load(std::memory_order_relaxed); }
   std::uint32_t outstanding() const { return outstanding_; }
+  std::uint64_t forgotten() const { return forgotten_; }
 
   ibv_srq* const app_srq;
   const ibv_context_ops* const provider;
@@ -78,12 +83,17 @@ class VirtualSrq {
     std::uint32_t num_sge = 0;
     std::int8_t where = -1;  // the path whose SRQ holds it, -1 while held
     bool consumed = false;
+    // A later receive posted on the same path completed: this one has left the SRQ as well (in
+    // a QP's hands, its completion still to come, or lost with that QP).
+    bool taken = false;
   };
   std::uint32_t slot_of(std::uint64_t position) const {
     return static_cast<std::uint32_t>(position & mask_);
   }
   bool post_one(std::uint64_t position, int path);
   void retire(std::uint64_t position);
+  void mark_taken_before(std::uint64_t position, int path);
+  void forget_taken_at_head();
 
   SpinLock lock_;
   std::atomic<int> active_{0};
@@ -97,6 +107,10 @@ class VirtualSrq {
   std::uint64_t head_ = 0;  // oldest record not yet retired
   std::uint64_t tail_ = 0;
   std::uint32_t outstanding_ = 0;  // recorded, not consumed
+  std::uint64_t forgotten_ = 0;    // taken receives dropped from a full record
+  // Per path: receives before this position were already checked by mark_taken_before (each is
+  // checked once: a completion costs O(1) amortized).
+  std::uint64_t scan_[2] = {0, 0};
 };
 
 }  // namespace vf

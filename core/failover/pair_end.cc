@@ -41,10 +41,11 @@ std::string failed_for_good_reason(Protection& p) {
                       "failed as it would without the shim"
                     : "the application has seen its QP fail before it was paired";
   }
+  // A reason already given (a switch that failed, an SRQ that moved without it) says more.
+  if (!p.unprotected_reason.empty()) return p.unprotected_reason;
   if (v.application_failed.load()) {
     return "the application's QP failed, or the application took it down: the pair is over";
   }
-  if (!p.unprotected_reason.empty()) return p.unprotected_reason;
   return "the QP runs pass-through for good: the pair is over";
 }
 

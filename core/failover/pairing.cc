@@ -9,6 +9,7 @@
 
 #include "core/clock.h"
 #include "core/failover/memory_mirror.h"
+#include "core/failover/pair_end.h"
 #include "core/failover/protection_status.h"
 #include "core/failover/qp_transitions.h"
 #include "core/failover/srq_group.h"
@@ -108,8 +109,18 @@ void handle_pair_request(Engine& e, const PeerRef& from, std::uint64_t session,
 void handle_pair_reply(Engine& e, const PeerRef& from, std::uint64_t session,
                        const PairReply& reply) {
   Protection* p = protection_by_key(e, reply.pair.remote);
-  // A pairing stopped since (the application's QP failed or was taken down) takes no answer.
-  if (p == nullptr || p->paired || p->ended || p->qp->application_failed.load()) return;
+  if (p == nullptr || p->paired) return;
+  if (p->ended || p->qp->application_failed.load()) {
+    // A pairing stopped since (the application's QP failed or was taken down): the peer has
+    // paired its end with ours, so it is told that the pair is over (else its requests would
+    // wait for answers that never come). Known as its peer for that, never protected.
+    p->peer = from;
+    if (!from.local) p->peer.session = session;
+    p->paired = true;
+    p->pairing = false;
+    answer_pair_ended(e, *p);
+    return;
+  }
   p->peer = from;
   if (!from.local) p->peer.session = session;
   p->qp->peer = peer_index(e, from.token, reply.pair.local.gid);
@@ -137,7 +148,9 @@ bool pair_locally(Engine& e, Protection& p) {
   p.self_connected = other == &p;
   p.qp->peer = local_peer_index(other->qp->path[kPrimary].device_index);
   other->qp->peer = local_peer_index(p.qp->path[kPrimary].device_index);
-  if (other->qp->path[kStandby].qp == nullptr || other->qp->mode() == PostMode::kBypass) {
+  if (other->qp->path[kStandby].qp == nullptr || other->qp->mode() == PostMode::kBypass ||
+      other->ended || other->qp->application_failed.load() || p.ended ||
+      p.qp->application_failed.load()) {
     p.pairing = false;
     set_unprotected(p, "its peer QP in this process is unprotected");
     return true;

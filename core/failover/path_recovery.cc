@@ -146,10 +146,11 @@ void handle_rearm(Engine& e, const vf::Rearm& message) {
 void maybe_rearm(Engine& e, Protection& p, int path) {
   VirtualQp& v = *p.qp;
   RearmState& rearm = p.rearm[path];
-  if (!rearm.needed || p.sw.in_progress || v.active_path() == path ||
-      v.application_failed.load() || p.ended) {
+  if (p.ended || v.application_failed.load()) {
+    rearm = RearmState{};  // nothing to re-arm, for good: no wake-up waits on it (has_pending_work)
     return;
   }
+  if (!rearm.needed || p.sw.in_progress || v.active_path() == path) return;
   const PhysicalPath& physical = v.path[path];
   const std::uint64_t now = monotonic_ns();
   // Neither asks nor says its port is back until the port has stayed up (a flap is not a repair).

@@ -78,8 +78,14 @@ void periodic_work(Engine& e) {
     VirtualQp& v = *p.qp;
     if (v.failure_shown.load(std::memory_order_relaxed)) {
       // No path was left and the application has seen the error (issue 19 item 1): failed for
-      // good, no re-arm, no failback, and the peer is told; a pairing still under way stops.
-      end_pair(e, p, failed_for_good_reason(p));
+      // good, no re-arm, no failback, and the peer is told; a pairing still under way stops. A
+      // QP that never paired and no longer tries keeps its reason.
+      if (p.paired || p.pairing || p.start_pairing_pending) {
+        end_pair(e, p, failed_for_good_reason(p));
+      } else {
+        v.failure_shown.store(false, std::memory_order_relaxed);
+        p.ended = true;
+      }
     }
     if (v.link_error_seen.load(std::memory_order_relaxed) && !p.sw.in_progress) {
       // The peer is told "error completion" only for a silent failure (it then holds the path

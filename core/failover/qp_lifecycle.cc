@@ -256,7 +256,9 @@ int modify_app_qp(Engine& e, VirtualQp* v, ibv_qp* qp, ibv_qp_attr* attr, int ma
       }
       // A peer in this process pairs at once (no network); any other pairing connects to the
       // peer, which may block: the engine's thread does it.
-      if (!p.paired && !p.pairing && p.remote_known && !pair_locally(e, p)) {
+      // A QP failed for good and reset for re-use by its application is not paired again.
+      if (!p.paired && !p.pairing && p.remote_known && !p.ended &&
+          !v->application_failed.load() && !pair_locally(e, p)) {
         p.start_pairing_pending = true;
       }
       wake_engine(e);

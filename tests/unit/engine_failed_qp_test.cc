@@ -208,7 +208,8 @@ TEST_CASE("The peer's QP failed for good: no more re-arms, path news or switches
   rig.e->local_inbox.clear();
   rig.receive(vf::PairEnded{rig.p->remote, rig.p->local});
   CHECK_THAT(rig.p->unprotected_reason, Catch::Contains("the peer's QP"));
-  // The primary's port is back: nothing is asked of a peer whose QP is gone.
+  // The primary's port goes and comes back: nothing is asked of a peer whose QP is gone.
+  rig.p->rearm[vf::kPrimary].needed = true;
   rig.p->rearm[vf::kPrimary].awaiting = false;
   for (int i = 0; i < 3; ++i) {
     vf::failover::maybe_rearm(*rig.e, *rig.p, vf::kPrimary);
@@ -237,6 +238,16 @@ TEST_CASE("An error shown while the QP is still pairing ends the pairing", "[eng
   vf::failover::periodic_work(*rig.e);
   CHECK_FALSE(rig.p->pairing);
   CHECK_FALSE(rig.p->unprotected_reason.empty());
+  // The peer had accepted the pairing already: its late reply does not pair the QP, and the
+  // peer is told the pair is over (its requests would otherwise wait for answers).
+  rig.e->local_inbox.clear();
+  vf::PairReply reply;
+  reply.pair.local = rig.p->remote;
+  reply.pair.remote = rig.p->local;
+  rig.receive(reply);
+  CHECK(rig.sent<vf::PairEnded>().size() == 1);
+  CHECK_FALSE(rig.p->unprotected_reason.empty());
+  CHECK(rig.v->path[vf::kStandby].connected == false);
 }
 
 TEST_CASE("Flushes after the application's own ERR are not a failure of both paths",

@@ -194,8 +194,9 @@ struct Rig {
     REQUIRE(v->post_send(&wr, &bad) == 0);
   }
 
-  // One receive of 8 bytes, posted as the application would.
-  void post_recv(std::uint64_t wr_id) {
+  // One receive of 8 bytes as the application posts it, to `post` (a QP's or an SRQ's).
+  template <typename Post>
+  static int post_one_receive(std::uint64_t wr_id, Post&& post) {
     static char buffer[8];
     ibv_sge sge{reinterpret_cast<std::uintptr_t>(buffer), sizeof buffer, 0};
     ibv_recv_wr wr{};
@@ -203,7 +204,12 @@ struct Rig {
     wr.sg_list = &sge;
     wr.num_sge = 1;
     ibv_recv_wr* bad = nullptr;
-    REQUIRE(v->post_recv(&wr, &bad) == 0);
+    return post(&wr, &bad);
+  }
+  void post_recv(std::uint64_t wr_id) {
+    REQUIRE(post_one_receive(wr_id, [&](ibv_recv_wr* wr, ibv_recv_wr** bad) {
+              return v->post_recv(wr, bad);
+            }) == 0);
   }
 
   vf::FailoverRequest request_from_peer(std::uint32_t epoch) const {

@@ -218,3 +218,46 @@ TEST_CASE("a receive whose lkey has no standby registration stops the move, the 
   CHECK(g_standby.size() == 1);
   CHECK(f.srq.outstanding() == 3);
 }
+
+// Issue 19 item 3: a receive a QP took from the SRQ and never completed (its QP was destroyed
+// first, or its completion went by unseen) must not block the record for good: SRQs hand out
+// receives in posting order, so once a later receive on the same SRQ completed, the earlier one
+// has left the SRQ too, and when room is needed it is forgotten.
+TEST_CASE("a receive lost with its QP does not make the SRQ refuse posts for good") {
+  Fixture f(2, 1);  // room for 2 * kSlack records
+  REQUIRE(f.post(1) == 0);  // taken by a QP that is then destroyed: it never completes
+  REQUIRE(f.post(2) == 0);
+  std::uint64_t wr_id = 2;
+  REQUIRE(f.consume(vf::kPrimary, &wr_id));
+  // A server whose clients come and go: each client's message takes one receive, reposted.
+  for (std::uint64_t i = 0; i < 10 * vf::VirtualSrq::kSlack; ++i) {
+    INFO("post " << i);
+    REQUIRE(f.post(100 + i) == 0);
+    std::uint64_t id = 100 + i;
+    REQUIRE(f.consume(vf::kPrimary, &id));
+  }
+  CHECK(f.srq.outstanding() == 0);
+  // Receives still waiting in the SRQ are never forgotten: the record refuses instead.
+  const std::uint32_t room = 2 * vf::VirtualSrq::kSlack;
+  std::uint32_t posted = 0;
+  while (posted < 2 * room && f.post(500 + posted) == 0) ++posted;
+  CHECK(posted == room);
+  CHECK(f.srq.outstanding() == room);
+}
+
+TEST_CASE("a forgotten receive is not posted again by a move") {
+  Fixture f(2, 1);
+  REQUIRE(f.post(1) == 0);
+  REQUIRE(f.post(2) == 0);
+  std::uint64_t wr_id = 2;
+  REQUIRE(f.consume(vf::kPrimary, &wr_id));
+  for (std::uint64_t i = 0; i < 2 * vf::VirtualSrq::kSlack; ++i) {
+    REQUIRE(f.post(100 + i) == 0);
+    std::uint64_t id = 100 + i;
+    REQUIRE(f.consume(vf::kPrimary, &id));
+  }
+  REQUIRE(f.post(7) == 0);
+  f.srq.set_holding(true);
+  CHECK(f.srq.move_to(vf::kStandby) == 1);  // receive 7 only
+  REQUIRE(g_standby.size() == 1);
+}
