@@ -1,5 +1,7 @@
 #include "core/failover/devices.h"
 
+#include <arpa/inet.h>
+
 #include <errno.h>
 #include <string.h>
 
@@ -35,6 +37,12 @@ int device_of_context(Engine& e, const ibv_context* context) {
     }
   }
   return -1;
+}
+
+std::string gid_text(const Gid& gid) {
+  char text[INET6_ADDRSTRLEN] = "";
+  inet_ntop(AF_INET6, gid.data(), text, sizeof text);
+  return text;
 }
 
 int standby_gid_index(Engine& e, int device, std::uint8_t port, Gid* gid) {

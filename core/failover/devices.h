@@ -3,6 +3,8 @@
 // port is ACTIVE as last seen.
 #pragma once
 
+#include <string>
+
 #include <cstdint>
 
 #include "core/failover/engine_state.h"
@@ -11,6 +13,8 @@ namespace vf::failover {
 
 Gid gid_of(const ibv_gid& gid);
 ibv_gid to_ibv_gid(const Gid& gid);
+// A GID as the kernel and rdma-core print it (IPv6 notation: ::ffff:10.0.0.1 for RoCEv2 IPv4).
+std::string gid_text(const Gid& gid);
 
 // The engine's index of the device an application context belongs to, -1 if none.
 int device_of_context(Engine& e, const ibv_context* context);

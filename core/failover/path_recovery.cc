@@ -116,9 +116,12 @@ void handle_rearm(Engine& e, const vf::Rearm& message) {
       VF_LOG_DEBUG("qp {}: stale re-arm reply for the {} path ignored", v.vqpn, path_name(path));
       return;
     }
-    if (connect_path(e, *p, path, message.qpn, message.gid, message.psn)) {
+    StepFailure failure;
+    if (connect_path(e, *p, path, message.qpn, message.gid, message.psn, &failure)) {
       path_restored(e, *p, path, true);
     } else {
+      VF_LOG_WARN("qp {}: connecting the {} path to the peer's answer failed: {}", v.vqpn,
+                  path_name(path), failure.text());
       p->rearm[path].awaiting = false;
     }
     return;
@@ -133,9 +136,11 @@ void handle_rearm(Engine& e, const vf::Rearm& message) {
   p->rearm[path].awaiting = false;
   physical.psn = random_psn();
   physical.connected = false;  // in RESET/INIT until connected again: no switch may go there
-  if (!reset_path(e, *p, path) ||
-      !connect_path(e, *p, path, message.qpn, message.gid, message.psn)) {
-    VF_LOG_WARN("qp {}: re-connecting the {} path failed", v.vqpn, path_name(path));
+  StepFailure failure;
+  if (!reset_path(e, *p, path, &failure) ||
+      !connect_path(e, *p, path, message.qpn, message.gid, message.psn, &failure)) {
+    VF_LOG_WARN("qp {}: re-connecting the {} path failed: {}", v.vqpn, path_name(path),
+                failure.text());
     return;
   }
   p->rearm[path].answered_nonce = message.nonce;
@@ -168,7 +173,12 @@ void maybe_rearm(Engine& e, Protection& p, int path) {
   if (rearm.awaiting && now < rearm.sent_ns + e.rearm_retry_ns) return;
   v.path[path].psn = random_psn();
   v.path[path].connected = false;  // in RESET/INIT until connected again: no switch may go there
-  if (!reset_path(e, p, path)) return;
+  StepFailure failure;
+  if (!reset_path(e, p, path, &failure)) {
+    VF_LOG_WARN("qp {}: resetting the {} path for its re-arm failed: {}", v.vqpn, path_name(path),
+                failure.text());
+    return;
+  }
   if (p.local == p.remote) {
     // A QP connected to itself (NCCL's flush QP): both ends are this QP.
     if (connect_path(e, p, path, v.path[path].qp->qp_num, v.path[path].gid, v.path[path].psn)) {

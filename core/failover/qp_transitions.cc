@@ -26,13 +26,16 @@ int apply_ece(Engine& e, ibv_qp* qp, const ibv_ece& ece) {
 
 // Re-connects the application's own QP after a reset (RTR/RTS with the application's attributes
 // and fresh PSNs).
-bool connect_primary(Engine& e, Protection& p, std::uint32_t dest_qpn, std::uint32_t dest_psn) {
+bool connect_primary(Engine& e, Protection& p, std::uint32_t dest_qpn, std::uint32_t dest_psn,
+                     StepFailure& failure) {
   VirtualQp& v = *p.qp;
-  if (!p.attrs.have_rtr || !p.attrs.have_rts) return false;
+  if (!p.attrs.have_rtr || !p.attrs.have_rts) {
+    failure.step = "the application's RTR and RTS attributes are not known yet";
+    return false;
+  }
   if (p.primary_ece_read) {  // what the application set before its RTR, again after the reset
     if (const int result = apply_ece(e, v.app_qp, p.primary_ece); result != 0) {
-      VF_LOG_WARN("qp {}: its ECE options {:#x} could not be set again after the reset ({})",
-                  v.vqpn, p.primary_ece.options, strerror(result));
+      failure = {fmt::format("ECE options {:#x}", p.primary_ece.options), result};
       return false;
     }
   }
@@ -41,12 +44,26 @@ bool connect_primary(Engine& e, Protection& p, std::uint32_t dest_qpn, std::uint
   attr.dest_qp_num = dest_qpn;
   attr.rq_psn = dest_psn;
   int mask = p.attrs.rtr_mask | IBV_QP_STATE | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
-  if (modify(e, v.app_qp, &attr, mask, true) != 0) return false;
+  if (const int result = modify(e, v.app_qp, &attr, mask, true); result != 0) {
+    const bool global = (mask & IBV_QP_AV) && attr.ah_attr.is_global;
+    failure = {fmt::format("RTR to the peer's qp {} ({}, port {})", dest_qpn,
+                           global ? fmt::format("dgid {}, sgid index {}",
+                                                gid_text(gid_of(attr.ah_attr.grh.dgid)),
+                                                attr.ah_attr.grh.sgid_index)
+                                  : fmt::format("dlid {}", attr.ah_attr.dlid),
+                           attr.ah_attr.port_num),
+               result};
+    return false;
+  }
   attr = p.attrs.rts;
   attr.qp_state = IBV_QPS_RTS;
   attr.sq_psn = v.path[kPrimary].psn;
   mask = p.attrs.rts_mask | IBV_QP_STATE | IBV_QP_SQ_PSN;
-  return modify(e, v.app_qp, &attr, mask, true) == 0;
+  if (const int result = modify(e, v.app_qp, &attr, mask, true); result != 0) {
+    failure = {"RTS", result};
+    return false;
+  }
+  return true;
 }
 
 // The application's RNR timer, RNR retries and transport retries (as adjusted for it: at most
@@ -88,17 +105,26 @@ int modify(Engine& e, ibv_qp* qp, ibv_qp_attr* attr, int mask, bool app_qp) {
   return result;
 }
 
-bool to_reset_and_init(Engine& e, ibv_qp* qp, std::uint8_t port, unsigned int access, bool app_qp) {
+bool to_reset_and_init(Engine& e, ibv_qp* qp, std::uint8_t port, unsigned int access, bool app_qp,
+                       StepFailure* failure) {
   ibv_qp_attr attr{};
   attr.qp_state = IBV_QPS_RESET;
-  if (modify(e, qp, &attr, IBV_QP_STATE, app_qp) != 0) return false;
+  if (const int result = modify(e, qp, &attr, IBV_QP_STATE, app_qp); result != 0) {
+    if (failure != nullptr) *failure = {"RESET", result};
+    return false;
+  }
   attr = {};
   attr.qp_state = IBV_QPS_INIT;
   attr.port_num = port;
   attr.pkey_index = 0;
   attr.qp_access_flags = access;
-  return modify(e, qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS,
-                app_qp) == 0;
+  if (const int result = modify(
+          e, qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, app_qp);
+      result != 0) {
+    if (failure != nullptr) *failure = {fmt::format("INIT on port {}", port), result};
+    return false;
+  }
+  return true;
 }
 
 bool to_error(Engine& e, ibv_qp* qp, bool app_qp) {
@@ -251,18 +277,26 @@ std::uint32_t random_psn() {
   return generator() & 0xffffff;
 }
 
-bool reset_path(Engine& e, Protection& p, int path) {
+bool reset_path(Engine& e, Protection& p, int path, StepFailure* failure) {
   PhysicalPath& physical = p.qp->path[path];
   const unsigned int access = path == kPrimary && (p.attrs.init_mask & IBV_QP_ACCESS_FLAGS)
                                   ? p.attrs.init.qp_access_flags
                                   : kFullAccess;
-  return to_reset_and_init(e, physical.qp, physical.port, access, path == kPrimary);
+  return to_reset_and_init(e, physical.qp, physical.port, access, path == kPrimary, failure);
 }
 
 bool connect_path(Engine& e, Protection& p, int path, std::uint32_t qpn, const Gid& gid,
-                  std::uint32_t psn) {
-  return path == kPrimary ? connect_primary(e, p, qpn, psn)
-                          : connect_standby(e, p, qpn, gid, psn, p.peer_mtu);
+                  std::uint32_t psn, StepFailure* failure) {
+  StepFailure ignored;
+  StepFailure& out = failure != nullptr ? *failure : ignored;
+  if (path == kPrimary) return connect_primary(e, p, qpn, psn, out);
+  if (connect_standby(e, p, qpn, gid, psn, p.peer_mtu)) return true;
+  out = {"connecting the standby (the line before says which step)", 0};
+  return false;
+}
+
+std::string StepFailure::text() const {
+  return error == 0 ? step : fmt::format("{} ({})", step, strerror(error));
 }
 
 }  // namespace vf::failover

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include <string>
+
 #include "core/failover/engine_state.h"
 
 namespace vf::failover {
@@ -18,7 +20,17 @@ inline constexpr unsigned int kFullAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_
 // keep reading the state it set; so around the engine's own transitions the cache holds the
 // physical state (Engine::physical_states), then the application's again. 0 or the errno.
 int modify(Engine& e, ibv_qp* qp, ibv_qp_attr* attr, int mask, bool app_qp);
-bool to_reset_and_init(Engine& e, ibv_qp* qp, std::uint8_t port, unsigned int access, bool app_qp);
+
+// Which step of re-arming a path the provider refused, and its errno, for the line that reports
+// the failure (a re-arm that fails over and over must say why: a GID or route gone after a flap
+// reads differently from attributes the provider rejects).
+struct StepFailure {
+  std::string step;  // "RESET", "INIT", "RTR to the peer's qp N (...)", "RTS", ...
+  int error = 0;     // the provider's errno; 0 when no provider call failed
+  std::string text() const;
+};
+bool to_reset_and_init(Engine& e, ibv_qp* qp, std::uint8_t port, unsigned int access, bool app_qp,
+                       StepFailure* failure = nullptr);
 bool to_error(Engine& e, ibv_qp* qp, bool app_qp);
 
 // RTR then RTS for one of the engine's own QPs (RoCE/IB with a GRH).
@@ -73,11 +85,11 @@ int standby_follow_rts(Engine& e, Protection& p, const ibv_qp_attr& asked, int m
 
 // Back to INIT on its port, ready to be connected again: the application's QP with the access
 // flags the application gave it, the standby with all of them.
-bool reset_path(Engine& e, Protection& p, int path);
+bool reset_path(Engine& e, Protection& p, int path, StepFailure* failure = nullptr);
 // Connects a path that reset_path prepared to the peer's QP of that path: the primary with the
 // application's attributes, the standby as at pairing.
 bool connect_path(Engine& e, Protection& p, int path, std::uint32_t qpn, const Gid& gid,
-                  std::uint32_t psn);
+                  std::uint32_t psn, StepFailure* failure = nullptr);
 
 // A fresh 24-bit PSN for a path that is connected again.
 std::uint32_t random_psn();
