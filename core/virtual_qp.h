@@ -185,7 +185,9 @@ class VirtualQp {
   // go to the application after all, as they would have without the shim.
   struct HeldError {
     CqState* cq;
-    ibv_wc wc;
+    ibv_wc wc;      // as the application will see it
+    int path;       // where it came from, and its wr_id there (an SRQ receive's record)
+    std::uint64_t raw_wr_id;
   };
   void take_held_errors(std::vector<HeldError>& out) {
     out.swap(held_errors_);
@@ -193,6 +195,9 @@ class VirtualQp {
     held_errors_.reserve(out.capacity());
   }
   void drop_held_errors() { held_errors_.clear(); }
+  // Under lock(): held errors going to the application after all (no switch could happen):
+  // those of SRQ receives retire their records, so that no later move posts their buffers again.
+  void retire_released_srq_receives(const std::vector<HeldError>& released);
   // ibv_wr_* batch (perftest's default API): the shim's wr_* hooks call these.
   // A batch is staged without the QP's lock (the ibv_wr_* API of one QP is used by one thread at
   // a time; holding the lock across it would deadlock an application that posts a receive or
@@ -295,6 +300,7 @@ class VirtualQp {
   // retires the receive's record (it left the SRQ for good). True when it translated `wc` (a
   // standby receive, now the application's).
   bool retire_srq_receive_error(const CqState& cq, int path, ibv_wc& wc);
+  bool primary_error_is_receive(const CqState& cq, std::uint64_t wr_id) const;
 
   SpinLock lock_;
   std::atomic<PostMode> mode_{PostMode::kDirect};  // written under lock_; read by wr_start without it

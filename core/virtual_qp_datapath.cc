@@ -292,7 +292,7 @@ bool VirtualQp::on_error_completion(CqState& cq, int p, ibv_wc& wc) {
     counters.hidden_error_completions.fetch_add(1, std::memory_order_relaxed);
     // Kept until the switch is done: if it cannot happen, the application gets them after all.
     if (held_errors_.size() < held_errors_.capacity()) {
-      HeldError held{&cq, wc};
+      HeldError held{&cq, wc, p, wc.wr_id};
       if (p == kStandby) translate_standby_error(held.wc);
       held_errors_.push_back(held);
     }
@@ -327,26 +327,46 @@ bool VirtualQp::retire_srq_receive_error(const CqState& cq, int p, ibv_wc& wc) {
     // The application gets this receive back: it is no longer the shim's to move.
     wc.qp_num = vqpn;
     srq->lock().lock();
-    srq->consume(kStandby, &wc.wr_id);
+    srq->consume(kStandby, &wc.wr_id, false);
     srq->lock().unlock();
     return true;
   }
-  // An error completion's opcode is undefined (rxe reports a flushed receive as IBV_WC_SEND):
-  // the CQ tells a receive from a request when the QP has two; with one, a request of this
-  // wr_id still outstanding says it is the request's.
-  bool receive = &cq == recv_cq;
-  if (send_cq == recv_cq) {
-    send_ring_.for_each_from(0, [&](const SendRecord& record) {
-      receive = record.wr.wr_id != wc.wr_id;
-      return receive;
-    });
-  }
-  if (!receive) return false;
+  if (!primary_error_is_receive(cq, wc.wr_id)) return false;
   std::uint64_t wr_id = wc.wr_id;
   srq->lock().lock();
-  srq->consume(kPrimary, &wr_id);
+  srq->consume(kPrimary, &wr_id, false);
   srq->lock().unlock();
   return false;  // the completion itself is the application's as it is
+}
+
+// An error completion's opcode is undefined (rxe reports a flushed receive as IBV_WC_SEND): the
+// CQ tells a receive from a request when the QP has two; with one, a request of this wr_id still
+// outstanding in the send ring says it is the request's. A pass-through QP records no requests:
+// with one CQ its error is nobody's for sure, and its receive is left to be forgotten once later
+// receives complete (VirtualSrq::consume).
+bool VirtualQp::primary_error_is_receive(const CqState& cq, std::uint64_t wr_id) const {
+  if (send_cq != recv_cq) return &cq == recv_cq;
+  if (mode_ == PostMode::kBypass) return false;
+  bool receive = true;
+  send_ring_.for_each_from(0, [&](const SendRecord& record) {
+    receive = record.wr.wr_id != wr_id;
+    return receive;
+  });
+  return receive;
+}
+
+void VirtualQp::retire_released_srq_receives(const std::vector<HeldError>& released) {
+  if (srq == nullptr) return;
+  for (const HeldError& held : released) {
+    std::uint64_t wr_id = held.raw_wr_id;
+    if (held.path == kStandby ? (wr_id & kStandbyReceiveTag) == 0
+                              : !primary_error_is_receive(*held.cq, wr_id)) {
+      continue;
+    }
+    srq->lock().lock();
+    srq->consume(held.path, &wr_id, false);
+    srq->lock().unlock();
+  }
 }
 
 bool VirtualQp::on_completion_locked(CqState& cq, int p, ibv_wc& wc) {

@@ -118,8 +118,8 @@ bool VirtualSrq::post_one(std::uint64_t position, int path) {
   return true;
 }
 
-void VirtualSrq::retire(std::uint64_t position) {
-  mark_taken_before(position, records_[slot_of(position)].where);
+void VirtualSrq::retire(std::uint64_t position, bool succeeded) {
+  if (succeeded) mark_taken_before(position, records_[slot_of(position)].where);
   records_[slot_of(position)].consumed = true;
   --outstanding_;
   while (head_ < tail_ && records_[slot_of(head_)].consumed) ++head_;
@@ -141,6 +141,9 @@ void VirtualSrq::forget_taken_at_head() {
     if (!record.consumed && !record.taken) break;
     if (!record.consumed) {
       record.consumed = true;
+      if (record.where == kStandby) {
+        forgotten_standby_[forgotten_next_++ % kForgottenKept] = {head_, record.wr_id, true};
+      }
       --outstanding_;
       ++forgotten;
     }
@@ -154,22 +157,29 @@ void VirtualSrq::forget_taken_at_head() {
   forgotten_ += forgotten;
 }
 
-bool VirtualSrq::consume(int path, std::uint64_t* wr_id) {
+bool VirtualSrq::consume(int path, std::uint64_t* wr_id, bool succeeded) {
   if (pinned_.load(std::memory_order_relaxed)) return false;
   if (path == kStandby) {
     if ((*wr_id & kStandbyReceiveTag) == 0) return false;
     const std::uint64_t position = *wr_id & ~kStandbyReceiveTag;
+    if (position < head_) {
+      const int entry = forgotten_entry(position);
+      if (entry < 0) return false;
+      *wr_id = forgotten_standby_[entry].wr_id;
+      forgotten_standby_[entry].live = false;  // translated once
+      return true;
+    }
     if (position < head_ || position >= tail_) return false;
     const Record& record = records_[slot_of(position)];
     if (record.consumed || record.where != kStandby) return false;
     *wr_id = record.wr_id;
-    retire(position);
+    retire(position, succeeded);
     return true;
   }
   for (std::uint64_t position = head_; position < tail_; ++position) {
     const Record& record = records_[slot_of(position)];
     if (!record.consumed && record.where == kPrimary && record.wr_id == *wr_id) {
-      retire(position);
+      retire(position, succeeded);
       return true;
     }
   }
@@ -179,9 +189,23 @@ bool VirtualSrq::consume(int path, std::uint64_t* wr_id) {
 bool VirtualSrq::application_wr_id(std::uint64_t tagged, std::uint64_t* wr_id) const {
   if ((tagged & kStandbyReceiveTag) == 0) return false;
   const std::uint64_t position = tagged & ~kStandbyReceiveTag;
-  if (position < head_ || position >= tail_) return false;
+  if (position < head_) {
+    const int entry = forgotten_entry(position);
+    if (entry >= 0) *wr_id = forgotten_standby_[entry].wr_id;
+    return entry >= 0;
+  }
+  if (position >= tail_) return false;
   *wr_id = records_[slot_of(position)].wr_id;
   return true;
+}
+
+int VirtualSrq::forgotten_entry(std::uint64_t position) const {
+  for (std::size_t i = 0; i < kForgottenKept; ++i) {
+    if (forgotten_standby_[i].live && forgotten_standby_[i].position == position) {
+      return static_cast<int>(i);
+    }
+  }
+  return -1;
 }
 
 void VirtualSrq::set_holding(bool on) {

@@ -17,6 +17,7 @@
 
 #include <infiniband/verbs.h>
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <vector>
@@ -47,7 +48,10 @@ class VirtualSrq {
   // Receives posted on that path before the one retired have left the SRQ too (an SRQ hands
   // them out in posting order): they are marked taken, and when the record is full those at its
   // head are forgotten (their QP was destroyed, or their completion went by unseen).
-  bool consume(int path, std::uint64_t* wr_id);
+  // An error (succeeded false) retires its receive only: it may be a request's flush of the same
+  // wr_id, and says nothing of the SRQ's order. A standby receive forgotten while in fact still
+  // in a QP's hands is still translated (once) until its slot is used again.
+  bool consume(int path, std::uint64_t* wr_id, bool succeeded = true);
   // Under lock(): the application's wr_id of a tagged standby receive (error completions).
   bool application_wr_id(std::uint64_t tagged, std::uint64_t* wr_id) const;
 
@@ -87,11 +91,23 @@ class VirtualSrq {
     // a QP's hands, its completion still to come, or lost with that QP).
     bool taken = false;
   };
+  // Standby receives forgotten lately, with their wr_id: one may have been in a QP's hands
+  // after all (a long message while many short ones completed), and its completion is still
+  // translated, once. A full record reuses the forgotten receive's slot at once, hence this.
+  struct ForgottenStandby {
+    std::uint64_t position = 0;
+    std::uint64_t wr_id = 0;
+    bool live = false;
+  };
+  static constexpr std::size_t kForgottenKept = 64;
+  // The entry of a forgotten standby receive at this position still to be translated, or -1.
+  int forgotten_entry(std::uint64_t position) const;
   std::uint32_t slot_of(std::uint64_t position) const {
     return static_cast<std::uint32_t>(position & mask_);
   }
   bool post_one(std::uint64_t position, int path);
-  void retire(std::uint64_t position);
+  void retire(std::uint64_t position, bool succeeded);
+
   void mark_taken_before(std::uint64_t position, int path);
   void forget_taken_at_head();
 
@@ -108,6 +124,8 @@ class VirtualSrq {
   std::uint64_t tail_ = 0;
   std::uint32_t outstanding_ = 0;  // recorded, not consumed
   std::uint64_t forgotten_ = 0;    // taken receives dropped from a full record
+  std::array<ForgottenStandby, kForgottenKept> forgotten_standby_{};
+  std::size_t forgotten_next_ = 0;
   // Per path: receives before this position were already checked by mark_taken_before (each is
   // checked once: a completion costs O(1) amortized).
   std::uint64_t scan_[2] = {0, 0};

@@ -214,6 +214,7 @@ void release_held_errors(Protection& p) {
   std::vector<VirtualQp::HeldError> held;
   v.lock().lock();
   v.take_held_errors(held);
+  v.retire_released_srq_receives(held);
   if (v.active_path() == kPrimary) v.set_mode(PostMode::kBypass);
   v.application_failed.store(true);
   v.lock().unlock();

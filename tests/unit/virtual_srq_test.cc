@@ -261,3 +261,43 @@ TEST_CASE("a forgotten receive is not posted again by a move") {
   CHECK(f.srq.move_to(vf::kStandby) == 1);  // receive 7 only
   REQUIRE(g_standby.size() == 1);
 }
+
+// Review of item 3: a receive forgotten while it was in fact still in a live QP's hands (a long
+// message while many short ones completed) must still reach the application when it completes:
+// its record keeps the translation until its slot is used again.
+TEST_CASE("a late standby completion of a forgotten receive still reaches the application") {
+  Fixture f(2, 1);
+  f.srq.set_holding(true);
+  REQUIRE(f.srq.move_to(vf::kStandby) == 0);
+  REQUIRE(f.post(1) == 0);  // position 0: a long message is arriving into it
+  REQUIRE(f.post(2) == 0);  // position 1
+  std::uint64_t tagged = 1 | vf::kStandbyReceiveTag;
+  REQUIRE(f.consume(vf::kStandby, &tagged));
+  CHECK(tagged == 2);
+  for (std::uint64_t i = 0; i < 2 * vf::VirtualSrq::kSlack; ++i) {
+    REQUIRE(f.post(100 + i) == 0);
+    std::uint64_t id = (2 + i) | vf::kStandbyReceiveTag;
+    REQUIRE(f.consume(vf::kStandby, &id));
+  }
+  REQUIRE(f.srq.forgotten() == 1);
+  std::uint64_t late = 0 | vf::kStandbyReceiveTag;
+  CHECK(f.consume(vf::kStandby, &late));
+  CHECK(late == 1);
+  std::uint64_t again = 0 | vf::kStandbyReceiveTag;
+  CHECK_FALSE(f.consume(vf::kStandby, &again));  // once only
+}
+
+TEST_CASE("an error completion does not count earlier receives as taken") {
+  Fixture f(2, 1);
+  REQUIRE(f.post(1) == 0);  // still in the SRQ
+  REQUIRE(f.post(2) == 0);
+  std::uint64_t wr_id = 2;
+  f.srq.lock().lock();
+  // An error may come from a request's flush with the same wr_id, not from the SRQ's order.
+  REQUIRE(f.srq.consume(vf::kPrimary, &wr_id, false));
+  f.srq.lock().unlock();
+  const std::uint32_t room = 2 * vf::VirtualSrq::kSlack;
+  std::uint32_t posted = 0;
+  while (posted < 2 * room && f.post(500 + posted) == 0) ++posted;
+  CHECK(posted == room - 2);  // receive 1 keeps its place (and receive 2, retired, behind it)
+}
