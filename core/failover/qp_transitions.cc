@@ -25,12 +25,12 @@ int apply_ece(Engine& e, ibv_qp* qp, const ibv_ece& ece) {
 }
 
 // Re-connects the application's own QP after a reset (RTR/RTS with the application's attributes
-// and fresh PSNs).
+// and fresh PSNs; RTR only if the application never moved it to RTS).
 bool connect_primary(Engine& e, Protection& p, std::uint32_t dest_qpn, std::uint32_t dest_psn,
                      StepFailure& failure) {
   VirtualQp& v = *p.qp;
-  if (!p.attrs.have_rtr || !p.attrs.have_rts) {
-    failure.step = "the application's RTR and RTS attributes are not known yet";
+  if (!p.attrs.have_rtr) {
+    failure.step = "the application's RTR attributes are not known yet";
     return false;
   }
   if (p.primary_ece_read) {  // what the application set before its RTR, again after the reset
@@ -55,6 +55,9 @@ bool connect_primary(Engine& e, Protection& p, std::uint32_t dest_qpn, std::uint
                result};
     return false;
   }
+  // An application that only receives may leave its QP in RTR (perftest's server of a one-way
+  // bandwidth test): the re-armed primary stays there too, as the application left it.
+  if (!p.attrs.have_rts) return true;
   attr = p.attrs.rts;
   attr.qp_state = IBV_QPS_RTS;
   attr.sq_psn = v.path[kPrimary].psn;

@@ -295,3 +295,29 @@ TEST_CASE("A re-arm of the primary that the provider refuses says which step and
   CHECK_THAT(text, Catch::Contains("sgid index 3"));
   CHECK(rig.sent<vf::Rearm>().empty());
 }
+
+// Issue 20's failback defect, found by the lab's flap_failback_perftest with the line above:
+// "re-connecting the primary path failed: the application's RTR and RTS attributes are not known
+// yet". perftest's server of a one-way bandwidth test leaves its QP in RTR (it only receives), so
+// there is no RTS to re-connect with: the re-arm leaves the primary in RTR too, as the application
+// did, instead of failing (and never failing back).
+TEST_CASE("A primary the application left in RTR is re-armed to RTR", "[engine]") {
+  Rig rig;
+  rig.p->attrs = {};
+  rig.p->attrs.have_init = rig.p->attrs.have_rtr = true;
+  rig.p->attrs.rtr_mask = IBV_QP_AV | IBV_QP_PATH_MTU;
+  rig.deliver(rig.request_from_peer(1));  // traffic on the standby, the primary to re-arm
+  REQUIRE(rig.v->active_path() == vf::kStandby);
+  rig.v->path[vf::kPrimary].failed = true;
+  rig.p->rearm[vf::kPrimary].needed = true;
+  rig.e->local_inbox.clear();
+  g_modifies.clear();
+  vf::failover::handle_rearm(*rig.e, rig.rearm_from_peer(vf::kPrimary, 1));
+  REQUIRE(rig.sent<vf::Rearm>().size() == 1);  // answered: the path is back
+  CHECK(rig.sent<vf::Rearm>()[0].is_reply);
+  REQUIRE_FALSE(g_modifies.empty());
+  CHECK(g_modifies.back().qp == &rig.app_qp);
+  CHECK(g_modifies.back().state == IBV_QPS_RTR);
+  CHECK(rig.v->path[vf::kPrimary].connected);
+  CHECK_FALSE(rig.v->path[vf::kPrimary].failed);
+}
