@@ -28,19 +28,33 @@ struct SendRecord {
     return opcode == IBV_WR_SEND || opcode == IBV_WR_SEND_WITH_IMM ||
            opcode == IBV_WR_RDMA_WRITE_WITH_IMM || opcode == IBV_WR_SEND_WITH_INV;
   }
+  // What the ring can replay on another device: SEND, SEND_WITH_IMM, RDMA_WRITE(_WITH_IMM),
+  // RDMA_READ and the two atomics (enum values 0-6). LOCAL_INV, BIND_MW and SEND_WITH_INV name a
+  // memory window or key of one device, which no other device knows; ATOMIC_WRITE, TSO and
+  // driver opcodes are not modelled (issue 19 item 8, docs/design.md §5h).
+  static constexpr bool opcode_replayable(ibv_wr_opcode opcode) {
+    return static_cast<unsigned>(opcode) <= static_cast<unsigned>(IBV_WR_ATOMIC_FETCH_AND_ADD);
+  }
 };
+static_assert(IBV_WR_RDMA_WRITE == 0 && IBV_WR_RDMA_WRITE_WITH_IMM == 1 && IBV_WR_SEND == 2 &&
+                  IBV_WR_SEND_WITH_IMM == 3 && IBV_WR_RDMA_READ == 4 &&
+                  IBV_WR_ATOMIC_CMP_AND_SWP == 5 && IBV_WR_ATOMIC_FETCH_AND_ADD == 6,
+              "opcode_replayable relies on libibverbs' numbering of the replayable opcodes");
 
 class RetransmitRing {
  public:
   static constexpr std::uint32_t kMaxCapacity = 1u << 16;
   static constexpr std::uint32_t kMaxSge = 32;
+  // record's answer to a request it cannot replay (SendRecord::opcode_replayable): not an errno.
+  static constexpr int kNotReplayable = -1;
 
   // Allocates everything once, at QP creation (control path): recording never allocates.
   RetransmitRing(std::uint32_t capacity, std::uint32_t max_sge, std::uint32_t max_inline);
 
   // Copies one work request (its SGEs, and its payload when IBV_SEND_INLINE: the application may
   // reuse the buffer as soon as post_send returns). Returns 0, ENOMEM when the ring is full (the
-  // send queue is), or EINVAL when the request exceeds the QP's SGE or inline limits.
+  // send queue is), EINVAL when the request exceeds the QP's SGE or inline limits, or
+  // kNotReplayable (nothing recorded; the caller decides what the QP does with such a request).
   // Inline: it runs inside every ibv_post_send of a protected QP.
   int record(const ibv_send_wr& wr, bool signal_all = false);
   // Undoes the newest `count` records (the provider refused them: they were never posted).
@@ -139,6 +153,7 @@ class RetransmitRing {
 
 [[gnu::always_inline]] inline int RetransmitRing::record(const ibv_send_wr& wr, bool signal_all) {
   const int num_sge = wr.num_sge;
+  if (__builtin_expect(!SendRecord::opcode_replayable(wr.opcode), 0)) return kNotReplayable;
   if (__builtin_expect(outstanding() >= capacity_, 0)) return ENOMEM;
   if (__builtin_expect(num_sge < 0 || static_cast<std::uint32_t>(num_sge) > max_sge_, 0)) {
     return EINVAL;

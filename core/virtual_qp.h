@@ -271,6 +271,9 @@ class VirtualQp {
   // A link-class error reached the application because no path was left (the engine reports
   // the QP unprotected for good, once).
   std::atomic<bool> failure_shown{false};
+  // The application posted a request the ring cannot replay (its opcode, else -1): the QP runs
+  // pass-through for good on its own QP; the engine ends the pair (periodic_work).
+  std::atomic<int> pass_through_opcode{-1};
   std::atomic<bool> awaiting_resume{false};
   std::atomic<bool> translation_missing{false};
   std::uint32_t max_inline;
@@ -282,13 +285,19 @@ class VirtualQp {
   // The fast paths' rare branches (virtual_qp_datapath.cc). The *_locked ones that return an
   // int release the lock.
   [[gnu::cold]] int post_send_not_direct_locked(ibv_send_wr* wr, ibv_send_wr** bad_wr);
-  [[gnu::cold]] int refuse_send_locked(ibv_send_wr* refused, std::uint32_t recorded, int error,
-                                       ibv_send_wr** bad_wr);
+  // `refused` (after `recorded` requests of the chain `wr`) was not recorded: the ones before it
+  // are posted (ibv_post_send's contract), or the QP becomes pass-through (kNotReplayable).
+  [[gnu::cold]] int refuse_send_locked(ibv_send_wr* wr, ibv_send_wr* refused,
+                                       std::uint32_t recorded, int error, ibv_send_wr** bad_wr);
+  // A request the ring cannot replay reached the healthy primary: pass-through from now on.
+  [[gnu::cold]] void become_pass_through_locked(ibv_wr_opcode opcode);
+  // Routed: such a request was refused (EOPNOTSUPP); said once per QP, outside the lock.
+  [[gnu::cold]] void log_refused_opcode(ibv_wr_opcode opcode);
   [[gnu::cold]] void drop_unposted_sends_locked(ibv_send_wr* wr, const ibv_send_wr* bad,
                                                 std::uint32_t recorded);
   [[gnu::cold]] int post_recv_not_direct_locked(ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
-  [[gnu::cold]] int refuse_recv_locked(ibv_recv_wr* refused, std::uint32_t recorded, int error,
-                                       ibv_recv_wr** bad_wr);
+  [[gnu::cold]] int refuse_recv_locked(ibv_recv_wr* wr, ibv_recv_wr* refused,
+                                       std::uint32_t recorded, int error, ibv_recv_wr** bad_wr);
   [[gnu::cold]] void drop_unposted_recvs_locked(ibv_recv_wr* wr, const ibv_recv_wr* bad,
                                                 std::uint32_t recorded);
   bool post_one_send(const SendRecord& record, int path, bool* missing_key);
@@ -313,6 +322,7 @@ class VirtualQp {
   std::uint64_t next_recv_to_post_ = 0;  // ring position
   bool holding_ = false;
   bool receives_open_ = false;  // see open_receives
+  std::atomic<bool> refused_logged_{false};
   WrBatch batch_;
   std::vector<HeldError> held_errors_;  // capacity fixed at creation: no allocation on the path
 };
@@ -340,7 +350,7 @@ inline int VirtualQp::post_send(ibv_send_wr* wr, ibv_send_wr** bad_wr) {
   std::uint32_t recorded = 0;
   for (ibv_send_wr* w = wr; w != nullptr; w = w->next) {
     const int error = send_ring_.record(*w, sig_all);
-    if (__builtin_expect(error != 0, 0)) return refuse_send_locked(w, recorded, error, bad_wr);
+    if (__builtin_expect(error != 0, 0)) return refuse_send_locked(wr, w, recorded, error, bad_wr);
     ++recorded;
   }
   const int result = provider->post_send(app_qp, wr, bad_wr);
@@ -360,7 +370,7 @@ inline int VirtualQp::post_recv(ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
   std::uint32_t recorded = 0;
   for (ibv_recv_wr* w = wr; w != nullptr; w = w->next) {
     const int error = recv_ring_.record(*w);
-    if (__builtin_expect(error != 0, 0)) return refuse_recv_locked(w, recorded, error, bad_wr);
+    if (__builtin_expect(error != 0, 0)) return refuse_recv_locked(wr, w, recorded, error, bad_wr);
     ++recorded;
   }
   const int result = provider->post_recv(app_qp, wr, bad_wr);

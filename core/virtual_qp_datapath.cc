@@ -11,6 +11,7 @@
 #include "core/clock.h"
 #include "core/datapath_registries.h"
 #include "core/log.h"
+#include "core/verbs_names.h"
 #include "core/virtual_qp.h"
 #include "core/virtual_srq.h"
 
@@ -22,6 +23,25 @@ DatapathServices g_services;
 bool uses_remote_key(ibv_wr_opcode opcode) {
   return opcode == IBV_WR_RDMA_WRITE || opcode == IBV_WR_RDMA_WRITE_WITH_IMM ||
          opcode == IBV_WR_RDMA_READ;
+}
+
+// ibv_post_send's and ibv_post_recv's contract: every request before *bad_wr was posted (rxe and
+// mlx5 post them). The shim refused `refused`, after `recorded` requests of the chain `wr` that it
+// recorded: `post` gives those to the provider, with the chain cut before `refused` for the call
+// (it is the caller's, and the caller is inside the post) and restored. *bad_wr is `refused`, or
+// the provider's own refusal; returns the provider's result.
+template <typename Wr, typename Post>
+int post_recorded_prefix(Wr* wr, Wr* refused, std::uint32_t recorded, Wr** bad_wr, Post&& post) {
+  *bad_wr = refused;
+  if (recorded == 0) return 0;
+  Wr* last = wr;
+  for (std::uint32_t i = 1; i < recorded; ++i) last = last->next;
+  last->next = nullptr;
+  Wr* provider_bad = nullptr;
+  const int result = post(wr, &provider_bad);
+  last->next = refused;
+  if (result != 0) *bad_wr = provider_bad;
+  return result;
 }
 
 }  // namespace
@@ -90,15 +110,47 @@ int VirtualQp::post_send_not_direct_locked(ibv_send_wr* wr, ibv_send_wr** bad_wr
   }
   const int result = post_send_routed(wr, bad_wr);
   lock_.unlock();
+  if (result == EOPNOTSUPP) log_refused_opcode((*bad_wr)->opcode);
   return result;
 }
 
-int VirtualQp::refuse_send_locked(ibv_send_wr* refused, std::uint32_t recorded, int error,
-                                  ibv_send_wr** bad_wr) {
-  send_ring_.drop_newest(recorded);
+void VirtualQp::log_refused_opcode(ibv_wr_opcode opcode) {
+  // Once per QP: an application that retries would flood the log.
+  if (refused_logged_.exchange(true, std::memory_order_relaxed)) return;
+  VF_LOG_ERROR("qp {}: {} refused (EOPNOTSUPP): it names an object of one device (or is not "
+               "replayable), and the standby path carries the traffic; it is accepted again, "
+               "and the QP becomes pass-through, once the traffic is back on the primary",
+               vqpn, wr_opcode_name(opcode));
+}
+
+int VirtualQp::refuse_send_locked(ibv_send_wr* wr, ibv_send_wr* refused, std::uint32_t recorded,
+                                  int error, ibv_send_wr** bad_wr) {
+  if (error == RetransmitRing::kNotReplayable) {
+    // The provider gets the whole chain, as without the shim; nothing is recorded from now on.
+    send_ring_.drop_newest(recorded);
+    become_pass_through_locked(refused->opcode);
+    lock_.unlock();
+    return provider->post_send(app_qp, wr, bad_wr);
+  }
+  const int result = post_recorded_prefix(wr, refused, recorded, bad_wr, [&](ibv_send_wr* prefix,
+                                                                             ibv_send_wr** bad) {
+    const int posted = provider->post_send(app_qp, prefix, bad);
+    if (posted != 0) drop_unposted_sends_locked(prefix, *bad, recorded);
+    next_send_to_post_ = send_ring_.next_sequence();
+    return posted;
+  });
   lock_.unlock();
-  *bad_wr = refused;
-  return error;
+  return result != 0 ? result : error;
+}
+
+void VirtualQp::become_pass_through_locked(ibv_wr_opcode opcode) {
+  mode_.store(PostMode::kBypass, std::memory_order_relaxed);
+  int none = -1;
+  if (pass_through_opcode.compare_exchange_strong(none, static_cast<int>(opcode),
+                                                  std::memory_order_relaxed) &&
+      g_services.wake_engine) {
+    g_services.wake_engine();
+  }
 }
 
 void VirtualQp::drop_unposted_sends_locked(ibv_send_wr* wr, const ibv_send_wr* bad,
@@ -118,12 +170,17 @@ int VirtualQp::post_recv_not_direct_locked(ibv_recv_wr* wr, ibv_recv_wr** bad_wr
   return result;
 }
 
-int VirtualQp::refuse_recv_locked(ibv_recv_wr* refused, std::uint32_t recorded, int error,
-                                  ibv_recv_wr** bad_wr) {
-  recv_ring_.drop_newest(recorded);
+int VirtualQp::refuse_recv_locked(ibv_recv_wr* wr, ibv_recv_wr* refused, std::uint32_t recorded,
+                                  int error, ibv_recv_wr** bad_wr) {
+  const int result = post_recorded_prefix(wr, refused, recorded, bad_wr, [&](ibv_recv_wr* prefix,
+                                                                             ibv_recv_wr** bad) {
+    const int posted = provider->post_recv(app_qp, prefix, bad);
+    if (posted != 0) drop_unposted_recvs_locked(prefix, *bad, recorded);
+    next_recv_to_post_ = recv_ring_.next_position();
+    return posted;
+  });
   lock_.unlock();
-  *bad_wr = refused;
-  return error;
+  return result != 0 ? result : error;
 }
 
 void VirtualQp::drop_unposted_recvs_locked(ibv_recv_wr* wr, const ibv_recv_wr* bad,
@@ -133,38 +190,38 @@ void VirtualQp::drop_unposted_recvs_locked(ibv_recv_wr* wr, const ibv_recv_wr* b
   recv_ring_.drop_newest(recorded - posted);
 }
 
+// Routed: what was recorded before a refused request is posted from the ring (ibv_post_send's
+// contract, as refuse_send_locked); a request the ring cannot replay is refused (EOPNOTSUPP): the
+// standby that carries the traffic cannot execute it, and a switch under way cannot move it.
 int VirtualQp::post_send_routed(ibv_send_wr* wr, ibv_send_wr** bad_wr) {
-  std::uint32_t recorded = 0;
+  int error = 0;
   for (ibv_send_wr* w = wr; w != nullptr; w = w->next) {
-    const int error = send_ring_.record(*w, sig_all);
+    error = send_ring_.record(*w, sig_all);
     if (error != 0) {
-      send_ring_.drop_newest(recorded);
       *bad_wr = w;
-      return error;
+      break;
     }
-    ++recorded;
   }
   if (!holding_) post_pending();
-  return 0;
+  return error == RetransmitRing::kNotReplayable ? EOPNOTSUPP : error;
 }
 
+// As post_send_routed.
 int VirtualQp::post_recv_routed(ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
-  std::uint32_t recorded = 0;
+  int error = 0;
   for (ibv_recv_wr* w = wr; w != nullptr; w = w->next) {
-    const int error = recv_ring_.record(*w);
+    error = recv_ring_.record(*w);
     if (error != 0) {
-      recv_ring_.drop_newest(recorded);
       *bad_wr = w;
-      return error;
+      break;
     }
-    ++recorded;
   }
   if (!holding_) {
     post_pending();
   } else if (receives_open_) {
     post_pending(false);
   }
-  return 0;
+  return error;
 }
 
 bool VirtualQp::post_one_send(const SendRecord& record, int p, bool* missing_key) {
@@ -589,6 +646,12 @@ int VirtualQp::wr_begin_complete() {
   }
   for (std::uint32_t i = 0; i < batch_.count; ++i) {
     const int error = send_ring_.record(batch_.wrs[i], sig_all);
+    if (error == RetransmitRing::kNotReplayable) {
+      // The provider's batch holds it: it posts the batch, and the QP is pass-through from now.
+      send_ring_.drop_newest(i);
+      become_pass_through_locked(batch_.wrs[i].opcode);
+      return 0;
+    }
     if (error != 0) {
       send_ring_.drop_newest(i);
       batch_.count = 0;
@@ -614,11 +677,17 @@ int VirtualQp::wr_complete_routed() {
 }
 
 int VirtualQp::wr_complete_routed_locked() {
+  // ibv_wr_complete posts the whole batch or none of it (mlx5, rxe).
   int result = batch_.overflow ? EINVAL : 0;
   std::uint32_t recorded = 0;
+  ibv_wr_opcode refused = IBV_WR_SEND;
   while (result == 0 && recorded < batch_.count) {
     result = send_ring_.record(batch_.wrs[recorded], sig_all);
     if (result == 0) ++recorded;
+  }
+  if (result == RetransmitRing::kNotReplayable) {
+    refused = batch_.wrs[recorded].opcode;
+    result = EOPNOTSUPP;
   }
   if (result != 0) {
     send_ring_.drop_newest(recorded);
@@ -627,6 +696,7 @@ int VirtualQp::wr_complete_routed_locked() {
   }
   batch_.count = 0;
   lock_.unlock();
+  if (result == EOPNOTSUPP) log_refused_opcode(refused);
   return result;
 }
 

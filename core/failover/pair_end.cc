@@ -7,6 +7,7 @@
 #include "core/failover/path_switch.h"
 #include "core/failover/protection_status.h"
 #include "core/log.h"
+#include "core/verbs_names.h"
 
 namespace vf::failover {
 
@@ -41,6 +42,13 @@ std::string failed_for_good_reason(Protection& p) {
                       "failed as it would without the shim"
                     : "the application has seen its QP fail before it was paired";
   }
+  const int opcode = v.pass_through_opcode.load(std::memory_order_relaxed);
+  if (opcode >= 0) {
+    return fmt::format("the application posted {}, which the retransmit ring cannot replay on "
+                       "another device (it names a memory window or key of this one, or is not "
+                       "modelled): the QP runs pass-through for good on its own QP",
+                       wr_opcode_name(static_cast<ibv_wr_opcode>(opcode)));
+  }
   // A reason already given (a switch that failed, an SRQ that moved without it) says more.
   if (!p.unprotected_reason.empty()) return p.unprotected_reason;
   if (v.application_failed.load()) {
@@ -70,7 +78,8 @@ void handle_pair_ended(Engine& e, Protection& p) {
   // errors that started it, as it would have without the shim.
   if (p.sw.in_progress) abort_switch(p, "the peer's QP failed for good");
   set_unprotected(p, "the peer's QP failed for good (its application saw it fail or took it "
-                     "down); this QP stays on the path it uses, as it would without the shim");
+                     "down) or runs pass-through for good; this QP stays on the path it uses, "
+                     "as it would without the shim");
   stop_pair(p);
 }
 

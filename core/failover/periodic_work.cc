@@ -87,6 +87,11 @@ void periodic_work(Engine& e) {
         p.ended = true;
       }
     }
+    if (v.pass_through_opcode.load(std::memory_order_relaxed) >= 0 && !p.ended) {
+      // A request the ring cannot replay made it pass-through (issue 19 item 8): the pair ends,
+      // and the peer is told, so that neither end switches to a path this QP cannot follow.
+      end_pair(e, p, failed_for_good_reason(p));
+    }
     if (v.link_error_seen.load(std::memory_order_relaxed) && !p.sw.in_progress) {
       // The peer is told "error completion" only for a silent failure (it then holds the path
       // down too); errors of a port that is down are that port's failure.

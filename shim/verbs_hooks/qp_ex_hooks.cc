@@ -152,6 +152,21 @@ VF_PROTECTED_OPCODE(wr_atomic_fetch_add, IBV_WR_ATOMIC_FETCH_AND_ADD,
                     (wr->wr.atomic.rkey = rkey, wr->wr.atomic.remote_addr = addr,
                      wr->wr.atomic.compare_add = add))
 
+// Requests the retransmit ring cannot replay on another device (issue 19 item 8): staged like the
+// others, so that wr_complete sees them; on the healthy primary the provider posts the batch and
+// the QP becomes pass-through, on the standby the batch is refused (VirtualQp::wr_begin_complete,
+// wr_complete_routed_locked).
+VF_PROTECTED_OPCODE(wr_send_inv, IBV_WR_SEND_WITH_INV, (ibv_qp_ex * qpx, uint32_t invalidate_rkey),
+                    (qpx, invalidate_rkey), wr->invalidate_rkey = invalidate_rkey)
+VF_PROTECTED_OPCODE(wr_local_inv, IBV_WR_LOCAL_INV, (ibv_qp_ex * qpx, uint32_t invalidate_rkey),
+                    (qpx, invalidate_rkey), wr->invalidate_rkey = invalidate_rkey)
+VF_PROTECTED_OPCODE(wr_bind_mw, IBV_WR_BIND_MW,
+                    (ibv_qp_ex * qpx, ibv_mw* mw, uint32_t rkey, const ibv_mw_bind_info* info),
+                    (qpx, mw, rkey, info), (void)wr)
+VF_PROTECTED_OPCODE(wr_atomic_write, IBV_WR_ATOMIC_WRITE,
+                    (ibv_qp_ex * qpx, uint32_t rkey, uint64_t addr, const void* atomic_wire),
+                    (qpx, rkey, addr, atomic_wire), (void)wr)
+
 void protected_wr_set_sge(ibv_qp_ex* qpx, uint32_t lkey, uint64_t addr, uint32_t length) {
   VF_TRACE_WR("wr_set_sge");
   const QpExRecord* record = qp_ex_records().find(qpx);
@@ -198,6 +213,10 @@ void protected_wr_set_inline_data_list(ibv_qp_ex* qpx, size_t count, const ibv_d
   record->original.wr_set_inline_data_list(qpx, count, bufs);
 }
 
+const auto kTracedAtomicWrite =
+    &WrHook<decltype(&ibv_qp_ex::wr_atomic_write)>::call<"ibv_wr_atomic_write",
+                                                         &ibv_qp_ex::wr_atomic_write>;
+
 #define VF_INSTALL_PROTECTED(qpx, field) \
   if (qpx->field != nullptr) qpx->field = protected_##field
 
@@ -230,8 +249,8 @@ void install_qp_ex_hooks(ibv_qp_ex* qpx, uint64_t send_ops_flags) {
 }
 
 // Called once the failover engine has taken the QP (its VirtualQp exists): the batch functions
-// it understands stage into the ring; the others keep their tracing hooks (a protected QP that
-// uses them is unprotected: see on_unsupported_wr).
+// it understands stage into the ring, and so do the ones it cannot replay (the QP then becomes
+// pass-through); the others (TSO, UD and XRC setters) do not apply to an RC QP.
 void install_protected_wr_hooks(ibv_qp_ex* qpx) {
   if (FailoverEngine::instance().virtual_qp(&qpx->qp_base) == nullptr) return;
   if (qp_ex_records().find(qpx) == nullptr) return;  // not patched: nothing to call through
@@ -245,6 +264,12 @@ void install_protected_wr_hooks(ibv_qp_ex* qpx) {
   VF_INSTALL_PROTECTED(qpx, wr_rdma_read);
   VF_INSTALL_PROTECTED(qpx, wr_atomic_cmp_swp);
   VF_INSTALL_PROTECTED(qpx, wr_atomic_fetch_add);
+  VF_INSTALL_PROTECTED(qpx, wr_send_inv);
+  VF_INSTALL_PROTECTED(qpx, wr_local_inv);
+  VF_INSTALL_PROTECTED(qpx, wr_bind_mw);
+  // Only where install_qp_ex_hooks installed its tracing hook: on an older runtime the member is
+  // not there (see there).
+  if (qpx->wr_atomic_write == kTracedAtomicWrite) qpx->wr_atomic_write = protected_wr_atomic_write;
   VF_INSTALL_PROTECTED(qpx, wr_set_sge);
   VF_INSTALL_PROTECTED(qpx, wr_set_sge_list);
   VF_INSTALL_PROTECTED(qpx, wr_set_inline_data);

@@ -20,7 +20,14 @@
    wr_ids again) and A's QP may not become protected again; a SEND after it is flushed too. B's
    QP must have been told (PairEnded) that A's failed for good.
 
-   Usage: error_after_failover rnr_after_failover [--no-cut] | double_failure_heal
+   unreplayable_opcode (issue 19 item 8): on the healthy pair, A posts a LOCAL_INV (it names a key
+   of fake0, which no standby device knows; the fake, like a NIC without memory windows, refuses
+   it). The post must return what the provider returns, as without the shim; A's QP then runs
+   pass-through for good with a reason naming LOCAL_INV, and B's QP is told the pair is over. A
+   message each way still works on the primary.
+
+   Usage: error_after_failover rnr_after_failover [--no-cut] | double_failure_heal |
+          unreplayable_opcode
    Output and exit status as exactly_once: "PASS scenario ..." 0, "FAIL: [...]" 1, "SETUP:" 3.
    Every wait is a bounded polling loop (each poll is a progress step of the fake). */
 #define _GNU_SOURCE
@@ -292,20 +299,63 @@ static int double_failure_heal(void) {
   return 0;
 }
 
+static int unreplayable_opcode(void) {
+  int (*qp_protected)(uint32_t, char*, size_t) = (int (*)(uint32_t, char*, size_t))dlsym(
+      RTLD_DEFAULT, "verbs_failover_debug_qp_protected");
+  connect_and_fail_over(0);
+  if (g_failures) return 1;
+  struct ibv_send_wr wr = {.wr_id = 0x9000u, .opcode = IBV_WR_LOCAL_INV,
+                           .send_flags = IBV_SEND_SIGNALED, .invalidate_rkey = g_a.mr->rkey};
+  struct ibv_send_wr* bad = NULL;
+  const int result = ibv_post_send(g_a.qp, &wr, &bad);
+  printf("A: ibv_post_send(LOCAL_INV) = %d\n", result);
+  if (result != EINVAL || bad != &wr)
+    fail("A: ibv_post_send(LOCAL_INV) returned %d (bad_wr %s); the fake refuses it with EINVAL",
+         result, bad == &wr ? "that request" : "not that request");
+  message(&g_a, &g_b, 2, 1, "a message A -> B after the LOCAL_INV");
+  if (g_failures == 0) message(&g_b, &g_a, 3, 1, "a message B -> A after the LOCAL_INV");
+  if (g_failures == 0 && qp_protected != NULL) {
+    /* The engine acts on its next pass (its thread): wait for it, bounded. */
+    char reason[512] = "";
+    char peer_reason[512] = "";
+    const uint64_t deadline = now_ms() + WAIT_MS;
+    while (now_ms() < deadline) {
+      const int a = qp_protected(g_a.qp->qp_num, reason, sizeof reason);
+      const int b = qp_protected(g_b.qp->qp_num, peer_reason, sizeof peer_reason);
+      if (a == 0 && b == 0 && strstr(peer_reason, "pass-through") != NULL) break;
+      fake_progress();
+    }
+    if (strstr(reason, "LOCAL_INV") == NULL || strstr(reason, "pass-through") == NULL)
+      fail("A's QP is not pass-through for its LOCAL_INV: %s", reason[0] ? reason : "protected");
+    if (strstr(peer_reason, "pass-through") == NULL)
+      fail("B's QP was not told that A's QP ended the pair: %s",
+           peer_reason[0] ? peer_reason : "protected");
+    printf("A: %s\nB: %s\n", reason, peer_reason);
+  }
+  if (g_failures) return 1;
+  printf("PASS scenario unreplayable_opcode\n");
+  return 0;
+}
+
 int main(int argc, char** argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   const int no_cut = argc == 3 && strcmp(argv[2], "--no-cut") == 0;
   if (argc >= 2) g_scenario = argv[1];
   const int rnr = argc >= 2 && strcmp(argv[1], "rnr_after_failover") == 0 && (argc == 2 || no_cut);
   const int double_failure = argc == 2 && strcmp(argv[1], "double_failure_heal") == 0;
-  if (!rnr && !double_failure) {
-    fprintf(stderr, "usage: %s rnr_after_failover [--no-cut] | double_failure_heal\n", argv[0]);
+  const int unreplayable = argc == 2 && strcmp(argv[1], "unreplayable_opcode") == 0;
+  if (!rnr && !double_failure && !unreplayable) {
+    fprintf(stderr,
+            "usage: %s rnr_after_failover [--no-cut] | double_failure_heal | unreplayable_opcode\n",
+            argv[0]);
     return 2;
   }
   fake_progress = (void (*)(void))fake_sym("fake_verbs_progress");
   g_port_down = (int (*)(int))fake_sym("fake_verbs_port_down");
   g_port_up = (int (*)(int))fake_sym("fake_verbs_port_up");
-  const int status = rnr ? rnr_after_failover(no_cut) : double_failure_heal();
+  const int status = rnr            ? rnr_after_failover(no_cut)
+                     : double_failure ? double_failure_heal()
+                                      : unreplayable_opcode();
   if (status != 0) printf("FAIL: scenario %s: %d failure(s)\n", g_scenario, g_failures);
   return status;
 }

@@ -70,6 +70,23 @@ TEST_CASE("requests beyond the QP's SGE or inline limits are refused") {
   CHECK(ring.record(wr) == EINVAL);
 }
 
+TEST_CASE("requests no other device could execute are not recorded (issue 19 item 8)") {
+  vf::RetransmitRing ring(4, 1, 16);
+  Poster p{ring};
+  for (const ibv_wr_opcode opcode : {IBV_WR_LOCAL_INV, IBV_WR_BIND_MW, IBV_WR_SEND_WITH_INV,
+                                     IBV_WR_TSO, IBV_WR_DRIVER1, IBV_WR_ATOMIC_WRITE}) {
+    CAPTURE(opcode);
+    CHECK(p.post(1, opcode) == vf::RetransmitRing::kNotReplayable);
+  }
+  CHECK(ring.outstanding() == 0);
+  CHECK(ring.messages_posted() == 0);
+  for (const ibv_wr_opcode opcode :
+       {IBV_WR_RDMA_WRITE, IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_SEND, IBV_WR_SEND_WITH_IMM}) {
+    CHECK(p.post(2, opcode) == 0);
+  }
+  CHECK(ring.outstanding() == 4);
+}
+
 TEST_CASE("inline payloads are copied: the application may reuse its buffer at once") {
   vf::RetransmitRing ring(4, 1, 64);
   Poster p{ring};
