@@ -22,8 +22,15 @@
    (not a real provider) visits every QP of its fabric on each post and poll (its progress
    model), so without that pair the runs without the shim would do less of the fake's own work
    and the difference would charge the fake's cost of the standby QPs to the shim's code.
-   Usage: post_poll_bench [iterations] [--idle-pair]   (needs LD_LIBRARY_PATH at the fake) */
+   --after-failback (under the shim only) first cuts fake0's port, waits (bounded) until both QPs
+   have failed over, brings the port back and waits until both have failed back, with one
+   signaled write at a time going on, then measures: the healthy path after a failback, which
+   must be within noise of a run that never failed over (issue 19 item 11; bench/run.sh
+   --after-failback compares the two).
+   Usage: post_poll_bench [iterations] [--idle-pair | --after-failback]
+   (needs LD_LIBRARY_PATH at the fake) */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <infiniband/verbs.h>
 
 #include "tests/common/rc_connect.h"
@@ -103,11 +110,63 @@ static void connect_end(struct end* e, struct end* peer) {
   }
 }
 
+/* One signaled inline write a -> b, reaped (bounded). */
+static void one_write(struct end* a, struct end* b) {
+  struct ibv_sge sge = {.addr = (uintptr_t)a->buf, .length = 8, .lkey = a->mr->lkey};
+  struct ibv_send_wr wr = {.wr_id = 1, .opcode = IBV_WR_RDMA_WRITE, .sg_list = &sge, .num_sge = 1,
+                           .send_flags = IBV_SEND_INLINE | IBV_SEND_SIGNALED};
+  wr.wr.rdma.remote_addr = (uintptr_t)b->buf;
+  wr.wr.rdma.rkey = b->mr->rkey;
+  struct ibv_send_wr* bad = NULL;
+  if (ibv_post_send(a->qp, &wr, &bad)) fail("post_send (failover traffic)");
+  struct ibv_wc wc;
+  const double deadline = now_ns() + 10e9;
+  int got = 0;
+  while ((got = ibv_poll_cq(a->cq, 1, &wc)) == 0) {
+    if (now_ns() > deadline) fail("write completion during the failover");
+  }
+  if (got < 0 || wc.status != IBV_WC_SUCCESS) fail("write during the failover");
+}
+
+/* Writes go on until both QPs are on `path` (0 primary, 1 standby) with `field` (0 failovers, 1
+   failbacks) at least 1; bounded. */
+static void wait_switched(struct end* a, struct end* b, int path, int field) {
+  int (*switches)(uint32_t, unsigned long*, unsigned long*) =
+      (int (*)(uint32_t, unsigned long*, unsigned long*))dlsym(RTLD_DEFAULT,
+                                                              "verbs_failover_debug_qp_switches");
+  if (switches == NULL) fail("--after-failback without the shim: finding its debug hook");
+  const double deadline = now_ns() + 30e9;
+  for (;;) {
+    int done = 1;
+    for (int side = 0; side < 2; ++side) {
+      unsigned long counts[2] = {0, 0};
+      const int at = switches((side ? b : a)->qp->qp_num, &counts[0], &counts[1]);
+      done &= at == path && counts[field] >= 1;
+    }
+    if (done) return;
+    if (now_ns() > deadline) fail(field ? "waiting for the failback" : "waiting for the failover");
+    one_write(a, b);
+  }
+}
+
+static void fail_over_and_back(struct end* a, struct end* b) {
+  int (*port_down)(int) = (int (*)(int))dlsym(RTLD_DEFAULT, "fake_verbs_port_down");
+  int (*port_up)(int) = (int (*)(int))dlsym(RTLD_DEFAULT, "fake_verbs_port_up");
+  if (port_down == NULL || port_up == NULL) fail("finding the fake's port controls");
+  one_write(a, b);
+  if (port_down(0) != 0) fail("fake_verbs_port_down(0)");
+  wait_switched(a, b, 1, 0);
+  if (port_up(0) != 0) fail("fake_verbs_port_up(0)");
+  wait_switched(a, b, 0, 1);
+}
+
 int main(int argc, char** argv) {
   const long iterations = argc > 1 ? atol(argv[1]) : 1000000;
   const int idle_pair = argc > 2 && strcmp(argv[2], "--idle-pair") == 0;
-  if (iterations < 16 || (argc > 2 && !idle_pair)) {
-    fprintf(stderr, "usage: post_poll_bench [iterations >= 16] [--idle-pair]\n");
+  const int after_failback = argc > 2 && strcmp(argv[2], "--after-failback") == 0;
+  if (iterations < 16 || (argc > 2 && !idle_pair && !after_failback)) {
+    fprintf(stderr,
+            "usage: post_poll_bench [iterations >= 16] [--idle-pair | --after-failback]\n");
     return 2;
   }
   int num = 0;
@@ -124,6 +183,8 @@ int main(int argc, char** argv) {
     connect_end(&idle_c, &idle_d);
     connect_end(&idle_d, &idle_c);
   }
+
+  if (after_failback) fail_over_and_back(&a, &b);
 
   const long batches = iterations / 16 + 2;
   struct samples empty_poll_s, post_send_s, send_poll_s, post_recv_s, recv_poll_s;

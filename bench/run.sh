@@ -7,12 +7,17 @@
 # second apart) leaves out the machine's slower and faster minutes. First checks that the
 # shim's run exercises the protected path (bench/check_protected.sh); refuses to measure
 # otherwise.
-# Usage: bench/run.sh [build-dir] [rounds] [iterations]
+# --after-failback (4th argument): both runs under the shim, one as usual and one after a failover
+# and failback (post_poll_bench --after-failback): what a failback leaves on the healthy path
+# (issue 19 item 11); "no shim" then reads "never failed over".
+# Usage: bench/run.sh [build-dir] [rounds] [iterations] [--after-failback]
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${1:-$repo/build}
 rounds=${2:-7}
 iterations=${3:-2000000}
+after_failback=${4:-}
+[[ -z $after_failback || $after_failback == --after-failback ]] || { echo "usage: $0 [build] [rounds] [iterations] [--after-failback]"; exit 2; }
 bench="$build/bin/vf_post_poll_bench"
 fake_dir=$(dirname "$(find "$build" -path '*fake_verbs/lib/libibverbs.so.1' | head -1)")
 shim="$build/lib/libverbs_failover.so"
@@ -27,10 +32,19 @@ field() { sed -E "s/.* $1=([0-9.]+).*/\1/" <<<" $2"; }
 for ((r = 0; r < rounds; r++)); do
   # --idle-pair: the same number of connected QPs on the fake as under the shim (its standby
   # pair), so the fake's own per-call work is alike in both runs (post_poll_bench.c says why).
-  plain=$(LD_LIBRARY_PATH="$fake_dir" taskset -c 0 "$bench" "$iterations" --idle-pair)
-  echo "round $r no shim: $plain"
-  line=$(LD_LIBRARY_PATH="$fake_dir" LD_PRELOAD="$shim" taskset -c 0 "$bench" "$iterations")
-  echo "round $r shim   : $line"
+  if [[ -n $after_failback ]]; then
+    # The port-stability wait at 0: the failback follows the port's return at once.
+    plain=$(LD_LIBRARY_PATH="$fake_dir" LD_PRELOAD="$shim" taskset -c 0 "$bench" "$iterations")
+    echo "round $r never failed over: $plain"
+    line=$(LD_LIBRARY_PATH="$fake_dir" LD_PRELOAD="$shim" VERBS_FAILOVER_PORT_STABLE_MS=0 \
+      taskset -c 0 "$bench" "$iterations" --after-failback)
+    echo "round $r after failback   : $line"
+  else
+    plain=$(LD_LIBRARY_PATH="$fake_dir" taskset -c 0 "$bench" "$iterations" --idle-pair)
+    echo "round $r no shim: $plain"
+    line=$(LD_LIBRARY_PATH="$fake_dir" LD_PRELOAD="$shim" taskset -c 0 "$bench" "$iterations")
+    echo "round $r shim   : $line"
+  fi
   for f in "${fields[@]}"; do
     base[$f]+="$(field "$f" "$plain") "
     shimmed[$f]+="$(field "$f" "$line") "

@@ -202,6 +202,13 @@ int FailoverEngine::protection_of(std::uint32_t qpn, std::string& reason) {
   return failover::protection_of(e, qpn, reason);
 }
 
+int FailoverEngine::switches_of(std::uint32_t qpn, std::uint64_t* failovers,
+                                std::uint64_t* failbacks) {
+  Engine& e = engine();
+  std::lock_guard lock(e.mutex);
+  return failover::switches_of(e, qpn, failovers, failbacks);
+}
+
 void FailoverEngine::lock_for_fork() {
   engine().mutex.lock();
 }

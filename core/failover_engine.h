@@ -76,6 +76,9 @@ class FailoverEngine {
   // What the stats file would say of the QP whose application QPN is qpn: 1 protected, 0 not
   // (reason says why), -1 the engine does not know it. For tests (verbs_failover_debug_*).
   int protection_of(std::uint32_t qpn, std::string& reason);
+  // The path that QP uses (0 primary, 1 standby, 2 switching; -1 not protected) and its switches.
+  // For benchmarks and tests (verbs_failover_debug_*).
+  int switches_of(std::uint32_t qpn, std::uint64_t* failovers, std::uint64_t* failbacks);
   // The interval after which an unanswered re-arm request, or an answerer's notice that its
   // port is back, is sent again (default 5 s). For tests (verbs_failover_debug_*).
   void set_rearm_retry(std::uint64_t nanoseconds);

@@ -94,9 +94,15 @@ void SpinLock::lock_slow() noexcept {
         sched_yield();
       }
     }
-    const std::uint32_t spent = revocations_.load(std::memory_order_relaxed) + 1;
-    revocations_.store(spent, std::memory_order_relaxed);
-    if (spent >= revocation_budget_ || owner_.load(std::memory_order_relaxed) == kSwitchedOff) {
+    revocations_.store(revocations_.load(std::memory_order_relaxed) + 1,
+                       std::memory_order_relaxed);
+    // The shim's own threads revoke at the pace of switches and engine passes, not of the
+    // application's calls: they do not spend the budget, which bounds what two application
+    // threads sharing the object cost (otherwise one failover would switch the bias off for
+    // good, and the healthy path would stay slower after the failback: issue 19 item 11).
+    if (!t_never_bias) ++charged_revocations_;
+    if (charged_revocations_ >= revocation_budget_ ||
+        owner_.load(std::memory_order_relaxed) == kSwitchedOff) {
       owner_.store(kSwitchedOff, std::memory_order_relaxed);  // `revoked_` stays 1 for good
     } else {
       holder_revoked_ = true;

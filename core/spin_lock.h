@@ -30,9 +30,11 @@
 //      had just read "I am the owner" could otherwise still set the shared `owner_inside_` and
 //      erase the new owner's flag when backing out.
 //    - Each revocation costs a syscall that interrupts our other CPUs (~11-15 us here), so after
-//      kRevocationBudget of them the bias is switched off for good: `revoked_` stays 1 and the
-//      lock is the ticket lock alone. A workload where two threads share an object pays this a
-//      bounded number of times; a failover (the engine's thread takes the locks) spends a few.
+//      kRevocationBudget of them by application threads the bias is switched off for good:
+//      `revoked_` stays 1 and the lock is the ticket lock alone. A workload where two threads
+//      share an object pays this a bounded number of times. The shim's own threads (a switch,
+//      the engine's passes) revoke without spending it: their pace is the failovers', and the
+//      bias must survive them (the healthy path after a failback is as fast as before).
 //    - Threads of the shim itself (engine, port monitor) never claim it (never_bias_this_thread).
 //    - A shim thread that inherits a dead owner's thread pointer inherits the bias too (the fast
 //      path does not look at never_bias_this_thread): a cost (revocations until the budget is
@@ -164,6 +166,7 @@ class SpinLock {
   std::uint32_t streak_ = 0;
   bool holder_revoked_ = false;
   std::atomic<std::uint32_t> revocations_{0};  // written under the ticket lock
+  std::uint32_t charged_revocations_ = 0;       // those of application threads (the budget's)
   const std::uint32_t revocation_budget_ = kRevocationBudget;
 };
 

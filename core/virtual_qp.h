@@ -276,6 +276,8 @@ class VirtualQp {
   std::atomic<int> pass_through_opcode{-1};
   std::atomic<bool> awaiting_resume{false};
   std::atomic<bool> translation_missing{false};
+  // post_pending left something unposted (a key, a refusal): the engine retries on its passes.
+  std::atomic<bool> post_retry_due{false};
   std::uint32_t max_inline;
   std::uint32_t max_send_sge;
 

@@ -307,13 +307,21 @@ bool VirtualQp::post_pending(bool sends) {
     }
     next_recv_to_post_ = position + 1;
   });
-  if (!sends) return ok;
+  if (!sends) {
+    if (!ok) post_retry_due.store(true, std::memory_order_relaxed);
+    return ok;
+  }
   bool missing_key = false;
   send_ring_.for_each_from(next_send_to_post_, [&](const SendRecord& record) {
     if (!post_one_send(record, p, &missing_key)) return false;
     next_send_to_post_ = record.sequence + 1;
     return true;
   });
+  // Something the path refused stays recorded: the engine's next pass tries again (only then
+  // does it take this QP's lock, which costs the application's thread its bias: issue 19 item 11).
+  if (!ok || next_send_to_post_ < send_ring_.next_sequence()) {
+    post_retry_due.store(true, std::memory_order_relaxed);
+  }
   if (missing_key) {
     translation_missing.store(true, std::memory_order_relaxed);
     if (g_services.wake_engine) g_services.wake_engine();

@@ -41,6 +41,18 @@ VF_EXPORT int verbs_failover_debug_qp_protected(std::uint32_t qpn, char* reason,
   return state;
 }
 
+// The path the application QP qpn uses (0 primary, 1 standby, 2 switching; -1 the shim does not
+// protect it), and how many failovers and failbacks it made (either pointer may be null). Lets a
+// benchmark wait for a failback (bench/post_poll_bench.c --after-failback).
+VF_EXPORT int verbs_failover_debug_qp_switches(std::uint32_t qpn, unsigned long* failovers,
+                                               unsigned long* failbacks) {
+  std::uint64_t over = 0, back = 0;
+  const int path = vf::FailoverEngine::instance().switches_of(qpn, &over, &back);
+  if (failovers != nullptr) *failovers = static_cast<unsigned long>(over);
+  if (failbacks != nullptr) *failbacks = static_cast<unsigned long>(back);
+  return path;
+}
+
 // Sets the re-arm retry interval (milliseconds, > 0): a test lengthens it to prove that a path
 // comes back because of a notice, not because a retry came round. Returns 0, or -1 for 0 ms.
 VF_EXPORT int verbs_failover_debug_set_rearm_retry_ms(unsigned int milliseconds) {

@@ -151,4 +151,16 @@ void req_notify(ibv_cq* cq, int solicited_only) {
   ibv_req_notify_cq(state->shadow, solicited_only);
 }
 
+void retire_shadow_if_unused(Engine& e, CqState& cq) {
+  if (!cq.shadow_active.load()) return;
+  for (const auto& [key, p] : e.protections) {
+    if (p.destroyed) continue;
+    const VirtualQp& v = *p.qp;
+    if (v.send_cq != &cq && v.recv_cq != &cq) continue;
+    if (p.sw.in_progress || v.active_path() == kStandby) return;
+  }
+  cq.drain_into_stash(kStandby);
+  cq.shadow_active.store(false);
+}
+
 }  // namespace vf::failover

@@ -17,6 +17,12 @@ void cq_resized(Engine& e, ibv_cq* cq);
 // when the application's CQ has one). False if it cannot be had there.
 bool ensure_shadow(Engine& e, CqState& state, int backup_device);
 
+// After a failback: once no QP of the CQ runs on the standby (or is switching), ibv_poll_cq stops
+// polling the shadow (the healthy path is as before the failover: issue 19 item 11). What the
+// shadow still holds (the old standby QP's flushes, hidden) is drained first; a later switch to
+// the standby sets shadow_active again before the standby accepts anything.
+void retire_shadow_if_unused(Engine& e, CqState& cq);
+
 // ibv_get_cq_event on a channel with shadow CQs: waits on both, returns like the real one; -2
 // when the channel is not the engine's business. Takes the engine mutex itself, briefly: the
 // wait is without it.

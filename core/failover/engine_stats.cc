@@ -147,4 +147,14 @@ int protection_of(Engine& e, std::uint32_t qpn, std::string& reason) {
   return -1;
 }
 
+int switches_of(Engine& e, std::uint32_t qpn, std::uint64_t* failovers, std::uint64_t* failbacks) {
+  for (auto& [key, p] : e.protections) {
+    if (p.destroyed || p.qp->vqpn != qpn) continue;
+    *failovers = p.failovers;
+    *failbacks = p.failbacks;
+    return p.sw.in_progress ? 2 : p.qp->active_path();
+  }
+  return -1;
+}
+
 }  // namespace vf::failover

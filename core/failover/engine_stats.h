@@ -21,5 +21,8 @@ bool stats_changed(const Engine& e);
 // Entry point (FailoverEngine, engine mutex held): what the stats file would say of the QP whose
 // application QPN is qpn: 1 protected, 0 not (reason says why), -1 the engine does not know it.
 int protection_of(Engine& e, std::uint32_t qpn, std::string& reason);
+// Entry point (FailoverEngine, engine mutex held): the path the QP whose application QPN is qpn
+// uses (0 primary, 1 standby, 2 switching; -1 the engine does not protect it), and its switches.
+int switches_of(Engine& e, std::uint32_t qpn, std::uint64_t* failovers, std::uint64_t* failbacks);
 
 }  // namespace vf::failover

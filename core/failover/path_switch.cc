@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "core/clock.h"
+#include "core/failover/cq_shadows.h"
 #include "core/failover/message_dispatch.h"
 #include "core/failover/pair_end.h"
 #include "core/failover/path_drain.h"
@@ -145,6 +146,10 @@ void finish_switch(Engine& e, Protection& p) {
   const int old_path = sw.from;
   sw.in_progress = false;
   post_switch_reset(e, p, old_path);
+  if (old_path == kStandby) {
+    retire_shadow_if_unused(e, *v.send_cq);
+    if (v.recv_cq != v.send_cq) retire_shadow_if_unused(e, *v.recv_cq);
+  }
 }
 
 void begin_switch(Engine& e, Protection& p, int target, FailoverReason reason, std::uint32_t epoch,

@@ -136,7 +136,8 @@ void periodic_work(Engine& e) {
       v.lock().unlock();
       if (found && !p.peer.local) send_to_peer(e, p, MrQuery{missing, p.remote.gid});
     }
-    if (!v.holding() && v.mode() == PostMode::kRouted) {
+    if (!v.holding() && v.mode() == PostMode::kRouted &&
+        v.post_retry_due.exchange(false, std::memory_order_relaxed)) {
       v.lock().lock();
       v.post_pending();
       v.lock().unlock();

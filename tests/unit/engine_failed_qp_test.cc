@@ -130,11 +130,8 @@ TEST_CASE("After both paths failed, the peer's request to switch back changes no
   fail_both_paths(rig, 0x61);
   rig.v->path[vf::kPrimary].failed = false;
   rig.v->path[vf::kPrimary].connected = true;
-  auto request = rig.request_from_peer(2);
-  request.target_path = vf::kPrimary;
-  request.reason = static_cast<std::uint32_t>(vf::FailoverReason::kFailback);
   rig.e->local_inbox.clear();
-  rig.deliver(request);
+  rig.deliver(rig.failback_request_from_peer(2));
   CHECK(rig.v->active_path() == vf::kStandby);
   CHECK_FALSE(rig.p->sw.in_progress);
   CHECK(g_posts.size() == 1);
@@ -156,10 +153,7 @@ TEST_CASE("A QP failed for good tells its peer, and answers every later request 
   rig.v->path[vf::kPrimary].failed = false;
   rig.v->path[vf::kPrimary].connected = true;
   rig.e->local_inbox.clear();
-  auto failback = rig.request_from_peer(2);
-  failback.target_path = vf::kPrimary;
-  failback.reason = static_cast<std::uint32_t>(vf::FailoverReason::kFailback);
-  rig.receive(failback);
+  rig.receive(rig.failback_request_from_peer(2));
   CHECK(rig.sent<vf::PairEnded>().size() == 1);
   rig.receive(rig.rearm_from_peer(vf::kPrimary, 1));
   CHECK(rig.sent<vf::PairEnded>().size() == 2);

@@ -375,10 +375,7 @@ TEST_CASE("Errors on the standby caused by the peer's failback are a failback, n
   REQUIRE(rig.p->sw.in_progress);
   REQUIRE(rig.p->sw.to == vf::kPrimary);
   CHECK(rig.p->hold[vf::kStandby].until_ns != 0);  // a silent failure, as far as this side knows
-  vf::FailoverRequest failback = rig.request_from_peer(2);
-  failback.reason = static_cast<std::uint32_t>(vf::FailoverReason::kFailback);
-  failback.target_path = vf::kPrimary;
-  rig.deliver(failback);
+  rig.deliver(rig.failback_request_from_peer(2));
   REQUIRE_FALSE(rig.p->sw.in_progress);
   CHECK(rig.v->active_path() == vf::kPrimary);
   REQUIRE_FALSE(rig.p->events.empty());

@@ -221,6 +221,13 @@ struct Rig {
     request.target_path = vf::kStandby;
     return request;
   }
+  // The peer's failback (its primary re-armed, both sides back to it).
+  vf::FailoverRequest failback_request_from_peer(std::uint32_t epoch) const {
+    vf::FailoverRequest request = request_from_peer(epoch);
+    request.reason = static_cast<std::uint32_t>(vf::FailoverReason::kFailback);
+    request.target_path = vf::kPrimary;
+    return request;
+  }
   void deliver(const vf::FailoverRequest& m) {
     vf::failover::handle_failover(*e, m.remote, m.delivered_messages, m.epoch, m.target_path, true,
                                   static_cast<vf::FailoverReason>(m.reason));

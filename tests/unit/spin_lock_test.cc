@@ -239,3 +239,23 @@ TEST_CASE("spin lock: the bias is switched off for good once its revocations are
   REQUIRE(lock.revocations() == 3);
   REQUIRE(lock.bias_switched_off());
 }
+
+// Issue 19 item 11: the engine's thread revokes on every drain round and on each of its passes
+// that touch a QP, so a budget it could spend would switch the bias off for good after one
+// failover, and the healthy path would stay slower after the failback.
+TEST_CASE("spin lock: the shim's own threads revoke without spending the budget", "[spin_lock]") {
+  if (!kExpectBias) return;
+  vf::SpinLock lock(3);
+  take_and_release(lock, vf::SpinLock::kClaimStreak);
+  REQUIRE(lock.biased_to_this_thread());
+  std::thread([&] {
+    vf::SpinLock::never_bias_this_thread();
+    take_and_release(lock, 10);
+  }).join();
+  CHECK(lock.revocations() == 10);
+  CHECK_FALSE(lock.bias_switched_off());
+  CHECK(lock.biased_to_this_thread());
+  // An application thread still spends it.
+  std::thread([&] { take_and_release(lock, 3); }).join();
+  CHECK(lock.bias_switched_off());
+}
