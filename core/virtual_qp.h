@@ -87,6 +87,12 @@ struct CqState {
   ibv_cq* shadow = nullptr;
   int shadow_device_index = -1;
   ibv_comp_channel* shadow_channel = nullptr;
+  // Engine: completions the shim itself may add to the shadow beyond the application's (a drain
+  // marker per QP whose receives land here): the shadow holds app_cq->cqe + this many.
+  std::uint32_t shim_entries = 0;
+  // Engine: the shadow overran (IBV_EVENT_CQ_ERR); a CQ in error is lost for good, so no QP of
+  // this CQ uses its standby again.
+  bool shadow_failed = false;
 
   SpinLock lock;
   CompletionStash stash;                    // under lock

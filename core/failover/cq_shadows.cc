@@ -58,10 +58,11 @@ void cq_resized(Engine& e, ibv_cq* cq) {
   CqState& state = *it->second;
   // The shadow must hold as many completions as the application's CQ now does, and the stash
   // twice as many (what a switch drains into it).
+  const int wanted = cq->cqe + static_cast<int>(state.shim_entries);
   if (state.shadow != nullptr && e.verbs.resize_cq != nullptr &&
-      e.verbs.resize_cq(state.shadow, cq->cqe) != 0) {
+      e.verbs.resize_cq(state.shadow, wanted) != 0) {
     VF_LOG_WARN("cq {}: resizing its shadow to {} failed; a switch may overflow it",
-                static_cast<const void*>(cq), cq->cqe);
+                static_cast<const void*>(cq), wanted);
   }
   state.lock.lock();
   state.stash.grow(static_cast<std::uint32_t>(2 * cq->cqe + 64));
@@ -86,8 +87,9 @@ bool ensure_shadow(Engine& e, CqState& state, int backup_device) {
     channel.cqs.push_back(&state);
     state.wake_fd = channel.wake_fd;
   }
-  state.shadow = e.verbs.create_cq(e.devices[backup_device].context, state.app_cq->cqe, nullptr,
-                                   shadow_channel, 0);
+  state.shadow = e.verbs.create_cq(e.devices[backup_device].context,
+                                   state.app_cq->cqe + static_cast<int>(state.shim_entries),
+                                   nullptr, shadow_channel, 0);
   if (state.shadow == nullptr) return false;
   state.shadow_device_index = backup_device;
   state.shadow_channel = shadow_channel;
@@ -161,6 +163,17 @@ void retire_shadow_if_unused(Engine& e, CqState& cq) {
   }
   cq.drain_into_stash(kStandby);
   cq.shadow_active.store(false);
+}
+
+void reserve_shadow_entries(Engine& e, CqState& state, std::uint32_t entries) {
+  state.shim_entries += entries;
+  const int wanted = state.app_cq->cqe + static_cast<int>(state.shim_entries);
+  if (state.shadow == nullptr || state.shadow->cqe >= wanted) return;
+  if (e.verbs.resize_cq == nullptr || e.verbs.resize_cq(state.shadow, wanted) != 0) {
+    VF_LOG_WARN("cq {}: growing its shadow to {} entries failed; a switch may overrun it (the "
+                "shim reports it if it does)",
+                static_cast<const void*>(state.app_cq), wanted);
+  }
 }
 
 }  // namespace vf::failover

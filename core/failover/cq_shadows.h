@@ -17,6 +17,11 @@ void cq_resized(Engine& e, ibv_cq* cq);
 // when the application's CQ has one). False if it cannot be had there.
 bool ensure_shadow(Engine& e, CqState& state, int backup_device);
 
+// A protected QP of this CQ has its standby on the shadow: room for what the shim adds there
+// itself (`entries`: a drain marker per QP whose receives land here), so that the shadow cannot
+// overrun where the application's CQ would not (issue 19 item 9). Grows the shadow when needed.
+void reserve_shadow_entries(Engine& e, CqState& state, std::uint32_t entries);
+
 // After a failback: once no QP of the CQ runs on the standby (or is switching), ibv_poll_cq stops
 // polling the shadow (the healthy path is as before the failover: issue 19 item 11). What the
 // shadow still holds (the old standby QP's flushes, hidden) is drained first; a later switch to

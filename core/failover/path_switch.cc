@@ -210,8 +210,10 @@ void begin_switch(Engine& e, Protection& p, int target, FailoverReason reason, s
 
 bool can_switch_to(const Protection& p, int target) {
   const VirtualQp& v = *p.qp;
+  const bool shadow_lost = v.send_cq->shadow_failed || v.recv_cq->shadow_failed;
   return p.paired && !p.ended && v.path[target].connected && !v.path[target].failed &&
-         !v.application_failed.load() && v.mode() != PostMode::kBypass;
+         !v.application_failed.load() && v.mode() != PostMode::kBypass &&
+         !(target == kStandby && shadow_lost);
 }
 
 void release_held_errors(Protection& p) {

@@ -76,6 +76,41 @@ void on_port_change(Engine& e, int device, std::uint8_t port, ibv_port_state sta
   }
 }
 
+namespace {
+
+// IBV_EVENT_CQ_ERR on the engine's context: when `cq` is a shadow, it overran and is lost for good
+// (completions of its standby QPs with it: issue 19 item 9). Said once; the QPs of its CQ that run
+// on the standby go back to their primaries, and none uses its standby again (can_switch_to,
+// maybe_rearm). False when `cq` is no shadow.
+bool on_shadow_cq_error(Engine& e, ibv_cq* cq) {
+  CqState* state = nullptr;
+  for (auto& [app_cq, candidate] : e.cqs) {
+    if (candidate->shadow == cq) state = candidate.get();
+  }
+  if (state == nullptr) return false;
+  if (state->shadow_failed) return true;
+  state->shadow_failed = true;
+  VF_LOG_ERROR("failover: the shadow of cq {} on {} overran (CQ_ERR): completions of its standby "
+               "QPs are lost with it; its QPs leave the standby and do not use it again",
+               static_cast<const void*>(state->app_cq), e.devices[state->shadow_device_index].name);
+  for (auto& [key, p] : e.protections) {
+    if (p.destroyed) continue;
+    VirtualQp& v = *p.qp;
+    if (v.send_cq != state && v.recv_cq != state) continue;
+    v.path[kStandby].failed = true;
+    if (v.active_path() == kStandby && !p.sw.in_progress) {
+      start_switch(e, p, kPrimary, FailoverReason::kErrorCompletion);
+    }
+    if (p.unprotected_reason.empty() && !p.ended) {
+      set_unprotected(p, "its CQ's shadow on the backup device overran and is lost; its standby "
+                         "is not used again");
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
 void on_device_event(Engine& e, int device) {
   ibv_async_event event{};
   if (e.verbs.get_async_event(e.devices[device].context, &event) != 0) return;
@@ -102,6 +137,12 @@ void on_device_event(Engine& e, int device) {
       }
       break;
     }
+    case IBV_EVENT_CQ_ERR:
+      if (!on_shadow_cq_error(e, event.element.cq)) {
+        VF_LOG_WARN("failover: CQ_ERR on {} for a CQ the engine does not know",
+                    e.devices[device].name);
+      }
+      break;
     case IBV_EVENT_QP_FATAL:
     case IBV_EVENT_QP_REQ_ERR:
     case IBV_EVENT_QP_ACCESS_ERR:

@@ -66,6 +66,9 @@ void qp_created(Engine& e, ibv_qp* qp, const ibv_qp_init_attr_ex& attr) {
   if (!ensure_shadow(e, *send_cq, backup) || !ensure_shadow(e, *recv_cq, backup)) {
     return pass_through("no shadow CQ on the backup device", false);
   }
+  if (send_cq->shadow_failed || recv_cq->shadow_failed) {
+    return pass_through("its CQ's shadow on the backup device overran and is lost", false);
+  }
   ShadowPd* pd = shadow_pd_for(e, attr.pd, backup);
   if (pd == nullptr) return pass_through("no shadow PD on the backup device", false);
   // The provider may have raised the capabilities: the ring must hold what the QP can.
@@ -93,6 +96,8 @@ void qp_created(Engine& e, ibv_qp* qp, const ibv_qp_init_attr_ex& attr) {
                                     e.devices[backup].name, strerror(errno)),
                         false);
   }
+  // Its drain marker may land in the shadow on top of the application's completions.
+  reserve_shadow_entries(e, *recv_cq, 1);
   auto virtual_qp = std::make_unique<VirtualQp>(qp, e.verbs.provider_ops(qp->context), cap,
                                                 attr.sq_sig_all != 0, send_cq, recv_cq);
   VirtualQp* v = virtual_qp.get();
