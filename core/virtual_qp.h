@@ -134,6 +134,10 @@ struct WrBatch {
   std::uint32_t count = 0;
   bool direct = false;  // the provider's wr_* functions are being called alongside
   bool overflow = false;  // more requests or SGEs than the QP was created for
+  // Direct mode: requests recorded by wr_begin_complete, and the opcode of one the ring cannot
+  // replay after them (the QP becomes pass-through if the provider posts the batch), else -1.
+  std::uint32_t recorded = 0;
+  int unreplayable_opcode = -1;
 };
 
 // What the data path needs from the engine, set once by it.
@@ -228,6 +232,18 @@ class VirtualQp {
 
   // ---- engine (its thread), under lock() ----
   SpinLock& lock() { return lock_; }
+  // A switch takes the QP (routed, holding) unless the application made it pass-through (its
+  // data path decides that under the same lock): false then, and nothing changed.
+  bool claim_for_switch() {
+    lock_.lock();
+    const bool claimed = mode_.load(std::memory_order_relaxed) != PostMode::kBypass;
+    if (claimed) {
+      mode_.store(PostMode::kRouted, std::memory_order_relaxed);
+      holding_ = true;
+    }
+    lock_.unlock();
+    return claimed;
+  }
   PostMode mode() const { return mode_.load(std::memory_order_relaxed); }
   void set_mode(PostMode mode) { mode_.store(mode, std::memory_order_relaxed); }
   int active_path() const { return active_.load(std::memory_order_relaxed); }
@@ -299,6 +315,7 @@ class VirtualQp {
                                        std::uint32_t recorded, int error, ibv_send_wr** bad_wr);
   // A request the ring cannot replay reached the healthy primary: pass-through from now on.
   [[gnu::cold]] void become_pass_through_locked(ibv_wr_opcode opcode);
+  [[gnu::cold]] bool may_pass_through_locked() const;
   // Routed: such a request was refused (EOPNOTSUPP); said once per QP, outside the lock.
   [[gnu::cold]] void log_refused_opcode(ibv_wr_opcode opcode);
   [[gnu::cold]] void drop_unposted_sends_locked(ibv_send_wr* wr, const ibv_send_wr* bad,

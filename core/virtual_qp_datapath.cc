@@ -6,6 +6,7 @@
 
 #include <sys/eventfd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/clock.h"
@@ -26,22 +27,38 @@ bool uses_remote_key(ibv_wr_opcode opcode) {
 }
 
 // ibv_post_send's and ibv_post_recv's contract: every request before *bad_wr was posted (rxe and
-// mlx5 post them). The shim refused `refused`, after `recorded` requests of the chain `wr` that it
-// recorded: `post` gives those to the provider, with the chain cut before `refused` for the call
-// (it is the caller's, and the caller is inside the post) and restored. *bad_wr is `refused`, or
-// the provider's own refusal; returns the provider's result.
+// mlx5 post them). The first `count` requests of the chain `wr` (recorded: the shim refused the
+// one after them) go to the provider through `post`, as copies linked among themselves, a few at
+// a time: the application's list is never written (it may be shared, or read-only). Returns 0, or
+// the provider's error with *bad_wr at the application's request it refused; *posted says how
+// many were posted.
 template <typename Wr, typename Post>
-int post_recorded_prefix(Wr* wr, Wr* refused, std::uint32_t recorded, Wr** bad_wr, Post&& post) {
-  *bad_wr = refused;
-  if (recorded == 0) return 0;
-  Wr* last = wr;
-  for (std::uint32_t i = 1; i < recorded; ++i) last = last->next;
-  last->next = nullptr;
-  Wr* provider_bad = nullptr;
-  const int result = post(wr, &provider_bad);
-  last->next = refused;
-  if (result != 0) *bad_wr = provider_bad;
-  return result;
+int post_chain_prefix(Wr* wr, std::uint32_t count, Wr** bad_wr, std::uint32_t* posted,
+                      Post&& post) {
+  static constexpr std::uint32_t kCopies = 16;
+  Wr copies[kCopies];
+  Wr* originals[kCopies];
+  *posted = 0;
+  while (*posted < count) {
+    const std::uint32_t n = std::min(count - *posted, kCopies);
+    for (std::uint32_t i = 0; i < n; ++i) {
+      copies[i] = *wr;
+      copies[i].next = i + 1 < n ? &copies[i + 1] : nullptr;
+      originals[i] = wr;
+      wr = wr->next;
+    }
+    Wr* bad = nullptr;
+    const int result = post(copies, &bad);
+    if (result != 0) {
+      const std::uint32_t taken =
+          bad >= copies && bad < copies + n ? static_cast<std::uint32_t>(bad - copies) : 0;
+      *posted += taken;
+      *bad_wr = originals[taken];
+      return result;
+    }
+    *posted += n;
+  }
+  return 0;
 }
 
 }  // namespace
@@ -125,22 +142,45 @@ void VirtualQp::log_refused_opcode(ibv_wr_opcode opcode) {
 
 int VirtualQp::refuse_send_locked(ibv_send_wr* wr, ibv_send_wr* refused, std::uint32_t recorded,
                                   int error, ibv_send_wr** bad_wr) {
-  if (error == RetransmitRing::kNotReplayable) {
-    // The provider gets the whole chain, as without the shim; nothing is recorded from now on.
-    send_ring_.drop_newest(recorded);
-    become_pass_through_locked(refused->opcode);
+  std::uint32_t posted = 0;
+  const int result = post_chain_prefix(wr, recorded, bad_wr, &posted,
+                                       [&](ibv_send_wr* copies, ibv_send_wr** bad) {
+                                         return provider->post_send(app_qp, copies, bad);
+                                       });
+  send_ring_.drop_newest(recorded - posted);
+  next_send_to_post_ = send_ring_.next_sequence();
+  if (result != 0) {
     lock_.unlock();
-    return provider->post_send(app_qp, wr, bad_wr);
+    return result;
   }
-  const int result = post_recorded_prefix(wr, refused, recorded, bad_wr, [&](ibv_send_wr* prefix,
-                                                                             ibv_send_wr** bad) {
-    const int posted = provider->post_send(app_qp, prefix, bad);
-    if (posted != 0) drop_unposted_sends_locked(prefix, *bad, recorded);
-    next_send_to_post_ = send_ring_.next_sequence();
-    return posted;
-  });
+  if (error == RetransmitRing::kNotReplayable && may_pass_through_locked()) {
+    // The provider gets the rest of the chain, as without the shim; the QP runs pass-through
+    // from now on only if it took the request (a refused one posted nothing the ring misses).
+    ibv_send_wr* provider_bad = nullptr;
+    const int provider_result = provider->post_send(app_qp, refused, &provider_bad);
+    if (provider_result == 0 || provider_bad != refused) {
+      become_pass_through_locked(refused->opcode);
+    }
+    lock_.unlock();
+    if (provider_result != 0) *bad_wr = provider_bad;
+    return provider_result;
+  }
   lock_.unlock();
-  return result != 0 ? result : error;
+  *bad_wr = refused;
+  if (error == RetransmitRing::kNotReplayable) {
+    log_refused_opcode(refused->opcode);
+    return EOPNOTSUPP;
+  }
+  return error;
+}
+
+// A healthy primary with nothing of a failure pending (a link error not yet acted on would start
+// a switch that this request must not miss), and no shared receive queue (its group may move to
+// the standby without a pass-through member, which would keep taking receives from the SRQ the
+// group left: docs/design.md §5h).
+bool VirtualQp::may_pass_through_locked() const {
+  return srq == nullptr && !link_error_seen.load(std::memory_order_relaxed) &&
+         held_errors_.empty();
 }
 
 void VirtualQp::become_pass_through_locked(ibv_wr_opcode opcode) {
@@ -172,15 +212,18 @@ int VirtualQp::post_recv_not_direct_locked(ibv_recv_wr* wr, ibv_recv_wr** bad_wr
 
 int VirtualQp::refuse_recv_locked(ibv_recv_wr* wr, ibv_recv_wr* refused, std::uint32_t recorded,
                                   int error, ibv_recv_wr** bad_wr) {
-  const int result = post_recorded_prefix(wr, refused, recorded, bad_wr, [&](ibv_recv_wr* prefix,
-                                                                             ibv_recv_wr** bad) {
-    const int posted = provider->post_recv(app_qp, prefix, bad);
-    if (posted != 0) drop_unposted_recvs_locked(prefix, *bad, recorded);
-    next_recv_to_post_ = recv_ring_.next_position();
-    return posted;
-  });
+  // As refuse_send_locked: the receives before the refused one are posted.
+  std::uint32_t posted = 0;
+  const int result = post_chain_prefix(wr, recorded, bad_wr, &posted,
+                                       [&](ibv_recv_wr* copies, ibv_recv_wr** bad) {
+                                         return provider->post_recv(app_qp, copies, bad);
+                                       });
+  recv_ring_.drop_newest(recorded - posted);
+  next_recv_to_post_ = recv_ring_.next_position();
   lock_.unlock();
-  return result != 0 ? result : error;
+  if (result != 0) return result;
+  *bad_wr = refused;
+  return error;
 }
 
 void VirtualQp::drop_unposted_recvs_locked(ibv_recv_wr* wr, const ibv_recv_wr* bad,
@@ -645,6 +688,8 @@ void VirtualQp::wr_stage_inline(std::size_t count, const ibv_data_buf* bufs) {
 
 int VirtualQp::wr_begin_complete() {
   lock_.lock();
+  batch_.recorded = 0;
+  batch_.unreplayable_opcode = -1;
   if (mode_ == PostMode::kBypass) return 0;
   if (mode_ == PostMode::kRouted) return kWrRerouted;
   if (batch_.overflow) {
@@ -654,25 +699,35 @@ int VirtualQp::wr_begin_complete() {
   }
   for (std::uint32_t i = 0; i < batch_.count; ++i) {
     const int error = send_ring_.record(batch_.wrs[i], sig_all);
-    if (error == RetransmitRing::kNotReplayable) {
-      // The provider's batch holds it: it posts the batch, and the QP is pass-through from now.
-      send_ring_.drop_newest(i);
-      become_pass_through_locked(batch_.wrs[i].opcode);
+    if (error == 0) {
+      ++batch_.recorded;
+      continue;
+    }
+    if (error == RetransmitRing::kNotReplayable && may_pass_through_locked()) {
+      // The provider's batch holds it: if the provider posts the batch, the QP is pass-through
+      // from then on (wr_finish).
+      batch_.unreplayable_opcode = static_cast<int>(batch_.wrs[i].opcode);
       return 0;
     }
-    if (error != 0) {
-      send_ring_.drop_newest(i);
-      batch_.count = 0;
-      lock_.unlock();
-      return error;
-    }
+    // ibv_wr_complete posts the whole batch or none of it (mlx5, rxe).
+    send_ring_.drop_newest(i);
+    const ibv_wr_opcode opcode = batch_.wrs[i].opcode;
+    batch_.count = 0;
+    lock_.unlock();
+    if (error != RetransmitRing::kNotReplayable) return error;
+    log_refused_opcode(opcode);
+    return EOPNOTSUPP;
   }
   return 0;
 }
 
 void VirtualQp::wr_finish(int provider_result) {
   if (mode_ != PostMode::kBypass) {
-    if (provider_result != 0) send_ring_.drop_newest(batch_.count);
+    if (provider_result != 0) {
+      send_ring_.drop_newest(batch_.recorded);
+    } else if (batch_.unreplayable_opcode >= 0) {
+      become_pass_through_locked(static_cast<ibv_wr_opcode>(batch_.unreplayable_opcode));
+    }
     next_send_to_post_ = send_ring_.next_sequence();
   }
   batch_.count = 0;

@@ -152,9 +152,15 @@ void finish_switch(Engine& e, Protection& p) {
   }
 }
 
-void begin_switch(Engine& e, Protection& p, int target, FailoverReason reason, std::uint32_t epoch,
+bool begin_switch(Engine& e, Protection& p, int target, FailoverReason reason, std::uint32_t epoch,
                   bool initiator) {
   VirtualQp& v = *p.qp;
+  if (!v.claim_for_switch()) {
+    // The application's data path made it pass-through since can_switch_to looked (its post of
+    // a request the ring cannot replay): no switch (periodic_work ends the pair).
+    VF_LOG_INFO("qp {}: no switch: the QP became pass-through as it began", v.vqpn);
+    return false;
+  }
   SwitchState& sw = p.sw;
   const int from = v.active_path();
   sw = SwitchState{};
@@ -169,10 +175,6 @@ void begin_switch(Engine& e, Protection& p, int target, FailoverReason reason, s
   p.epoch = epoch;
   VF_LOG_INFO("qp {}: switching {} -> {} ({}, epoch {})", v.vqpn, path_name(from),
               path_name(target), reason_name(reason), epoch);
-  v.lock().lock();
-  v.set_mode(PostMode::kRouted);
-  v.set_holding(true);
-  v.lock().unlock();
   // After this the old path's responder drops whatever still arrives: nothing the peer sends
   // on it can be delivered behind our count.
   const std::uint64_t stop_start = monotonic_ns();
@@ -206,6 +208,7 @@ void begin_switch(Engine& e, Protection& p, int target, FailoverReason reason, s
   v.link_error_seen.store(false);
   v.lock().unlock();
   sw.local_ready = true;
+  return true;
 }
 
 bool can_switch_to(const Protection& p, int target) {
@@ -295,7 +298,10 @@ void start_switch(Engine& e, Protection& p, int target, FailoverReason reason) {
   }
   if (SrqGroup* group = group_of(e, v))
     return switch_srq_group(e, *group, target, reason, nullptr, 0, 0);
-  begin_switch(e, p, target, reason, p.epoch + 1, true);
+  // Refused: pass-through as it began; the path that cannot take the switch decides, as above.
+  if (!begin_switch(e, p, target, reason, p.epoch + 1, true)) {
+    return start_switch(e, p, target, reason);
+  }
   ask_peer_to_switch(e, p, reason);
 }
 
@@ -373,9 +379,11 @@ void handle_failover(Engine& e, const QpKey& ours, std::uint64_t delivered, std:
   if (SrqGroup* group = group_of(e, *p->qp)) {
     return switch_srq_group(e, *group, target, reason, p, epoch, delivered);
   }
-  begin_switch(e, *p, target,
-               reason == FailoverReason::kFailback ? reason : FailoverReason::kPeerRequest, epoch,
-               false);
+  if (!begin_switch(e, *p, target,
+                    reason == FailoverReason::kFailback ? reason : FailoverReason::kPeerRequest,
+                    epoch, false)) {
+    return answer_pair_ended(e, *p);
+  }
   answer_failover(e, *p, delivered);
 }
 

@@ -16,8 +16,10 @@ namespace vf::failover {
 void start_switch(Engine& e, Protection& p, int target, FailoverReason reason);
 
 // This side's half: stop the old path (ERR), drain it (path_drain.h), count what it delivered,
-// move the receives to `target`; posts wait until finish_switch.
-void begin_switch(Engine& e, Protection& p, int target, FailoverReason reason, std::uint32_t epoch,
+// move the receives to `target`; posts wait until finish_switch. False, with nothing done, when
+// the application made the QP pass-through since the caller's can_switch_to (VirtualQp::
+// claim_for_switch).
+bool begin_switch(Engine& e, Protection& p, int target, FailoverReason reason, std::uint32_t epoch,
                   bool initiator);
 
 // Both counts known: completes what the peer proved done, replays exactly the rest on the new

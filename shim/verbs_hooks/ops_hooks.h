@@ -34,10 +34,14 @@ inline constexpr std::uint64_t kFailoverCqExFields =
 void install_cq_ex_readers(ibv_cq_ex* cq);
 // After the failover engine took an extended QP: its wr_* batches also go to the ring.
 void install_protected_wr_hooks(ibv_qp_ex* qpx);
-// The ibv_wr_* operations a protected QP may use (the ring replays these; others pass through).
+// The ibv_wr_* operations a protected QP may declare (a QP that declares others is unprotected).
 inline constexpr uint64_t kProtectedSendOps =
     IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_WRITE |
     IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ |
-    IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+    IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD |
+    // Not replayable: a QP that declares them is protected until it posts one, and then runs
+    // pass-through (issue 19 item 8, docs/design.md §5h).
+    IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_SEND_WITH_INV |
+    IBV_QP_EX_WITH_ATOMIC_WRITE;
 
 }  // namespace vf::shim::ops

@@ -62,10 +62,8 @@ case "$mode" in
     silent=0
     [[ " $* " == *" --silent-cut "* ]] && silent=1
     python3 - "$stats" "$silent" $qpns <<'PY' || fail "stats check failed ($stats)"
-import json, os, sys
+import json, sys
 doc = json.load(open(sys.argv[1]))
-# VF_EXPECT_FAILOVER=0: a scenario without a cut (its program checks what the shim did instead).
-expect_failover = os.environ.get("VF_EXPECT_FAILOVER", "1") == "1"
 silent = sys.argv[2] == "1"
 sides = []  # NAME=qpn arguments: A, B (and A2, B2 with --srq)
 want = {}
@@ -90,7 +88,7 @@ for side in sides:
     if qp.get("peer") != "this_process":
         print(f"stats: QP {side} has peer {qp.get('peer')!r}, not 'this_process'")
         ok = False
-    if expect_failover and qp["failovers"] < 1:
+    if qp["failovers"] < 1:
         why = qp.get("unprotected_reason") or ""
         print(f"stats: QP {side} has no failover" + (f" (unprotected: {why})" if why else ""))
         ok = False

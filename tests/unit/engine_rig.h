@@ -67,8 +67,17 @@ int fake_post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   for (; wr != nullptr; wr = wr->next) g_recv_posts.push_back({qp, wr->wr_id});
   return 0;
 }
-int fake_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr**) {
-  for (; wr != nullptr; wr = wr->next) g_posts.push_back({qp, wr->wr_id});
+// A request of this opcode is refused with EINVAL (as a device without memory windows refuses
+// BIND_MW); none when -1. Every other request is recorded.
+int g_refused_opcode = -1;
+int fake_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
+  for (; wr != nullptr; wr = wr->next) {
+    if (static_cast<int>(wr->opcode) == g_refused_opcode) {
+      *bad = wr;
+      return EINVAL;
+    }
+    g_posts.push_back({qp, wr->wr_id});
+  }
   return 0;
 }
 int fake_query_gid(ibv_context*, uint8_t, int index, ibv_gid* gid) {
@@ -130,6 +139,7 @@ struct Rig {
     g_posts.clear();
     g_recv_posts.clear();
     g_refused_qp = nullptr;
+    g_refused_opcode = -1;
     g_port_state = IBV_PORT_ACTIVE;
     e->verbs.modify_qp = fake_modify_qp;
     e->verbs.query_port = fake_query_port;

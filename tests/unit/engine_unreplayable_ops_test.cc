@@ -11,6 +11,7 @@
 // everything before *bad_wr is on the queue); the shim must too.
 #include "core/failover/pair_end.h"
 #include "core/failover/periodic_work.h"
+#include "core/virtual_srq.h"
 #include "tests/unit/engine_rig.h"
 
 namespace {
@@ -172,9 +173,20 @@ TEST_CASE("An ibv_wr_* batch with a request the ring cannot replay", "[engine]")
     CHECK(rig.v->wr_begin_complete() == 0);  // the caller then runs the provider's wr_complete
     rig.v->wr_finish(0);
     CHECK(rig.v->mode() == vf::PostMode::kBypass);
-    CHECK(rig.v->send_ring().outstanding() == 0);
     vf::failover::periodic_work(*rig.e);
     CHECK(rig.p->ended);
+  }
+  SECTION("on the healthy primary, refused by the provider: the QP stays protected") {
+    Rig rig;
+    rig.v->wr_start();
+    rig.v->wr_stage(IBV_WR_SEND, 1, IBV_SEND_SIGNALED);
+    rig.v->wr_stage(IBV_WR_LOCAL_INV, 2, IBV_SEND_SIGNALED);
+    CHECK(rig.v->wr_begin_complete() == 0);
+    rig.v->wr_finish(EINVAL);  // the provider's wr_complete refused the batch
+    CHECK(rig.v->mode() == vf::PostMode::kDirect);
+    CHECK(rig.v->send_ring().outstanding() == 0);
+    vf::failover::periodic_work(*rig.e);
+    CHECK_FALSE(rig.p->ended);
   }
   SECTION("on the standby: the whole batch is refused") {
     Rig rig;
@@ -187,4 +199,65 @@ TEST_CASE("An ibv_wr_* batch with a request the ring cannot replay", "[engine]")
     CHECK(posted_on(&rig.standby_qp).empty());
     CHECK(rig.v->send_ring().outstanding() == 0);
   }
+}
+
+// Review of 49b389c, finding 3: a request the provider refuses posted nothing the ring misses.
+TEST_CASE("A request the ring cannot replay and the provider refuses leaves the QP protected",
+          "[engine]") {
+  Rig rig;
+  g_refused_opcode = IBV_WR_BIND_MW;
+  Chain chain(IBV_WR_BIND_MW);
+  ibv_send_wr* bad = nullptr;
+  CHECK(rig.v->post_send(&chain.wrs[0], &bad) == EINVAL);
+  CHECK(bad == &chain.wrs[1]);
+  // The request before it was posted and stays recorded: a failover still replays it.
+  CHECK(posted_on(&rig.app_qp) == std::vector<std::uint64_t>{1});
+  CHECK(rig.v->send_ring().outstanding() == 1);
+  CHECK(rig.v->mode() == vf::PostMode::kDirect);
+  vf::failover::periodic_work(*rig.e);
+  CHECK_FALSE(rig.p->ended);
+  CHECK(rig.sent<vf::PairEnded>().empty());
+}
+
+// Finding 4: a link error seen and not yet acted on means a switch is coming; the request must not
+// make the QP pass-through under it (the switch would be given up).
+TEST_CASE("A request the ring cannot replay, with a link error pending, is refused", "[engine]") {
+  Rig rig;
+  rig.v->link_error_seen.store(true);
+  Chain chain(IBV_WR_LOCAL_INV);
+  ibv_send_wr* bad = nullptr;
+  CHECK(rig.v->post_send(&chain.wrs[0], &bad) == EOPNOTSUPP);
+  CHECK(bad == &chain.wrs[1]);
+  CHECK(posted_on(&rig.app_qp) == std::vector<std::uint64_t>{1});
+  CHECK(rig.v->mode() == vf::PostMode::kDirect);
+}
+
+// Finding 2: a pass-through member of an SRQ group would keep taking receives from the SRQ its
+// group left when the group moves; such a request is refused on a QP with an SRQ instead.
+TEST_CASE("A QP on a shared receive queue refuses a request the ring cannot replay", "[engine]") {
+  Rig rig;
+  ibv_context_ops srq_ops{};
+  ibv_srq app_srq{};
+  vf::VirtualSrq srq(&app_srq, &srq_ops, 2, 1, 0);
+  rig.v->srq = &srq;
+  Chain chain(IBV_WR_SEND_WITH_INV);
+  ibv_send_wr* bad = nullptr;
+  CHECK(rig.v->post_send(&chain.wrs[0], &bad) == EOPNOTSUPP);
+  CHECK(rig.v->mode() == vf::PostMode::kDirect);
+  rig.v->srq = nullptr;
+}
+
+// Finding 1: the engine decides on a switch without the QP's lock; the application's data path
+// may make the QP pass-through before the switch takes it. The switch must then not happen.
+TEST_CASE("A switch does not take a QP that became pass-through as it began", "[engine]") {
+  Rig rig;
+  REQUIRE(vf::failover::can_switch_to(*rig.p, vf::kStandby));
+  rig.v->set_mode(vf::PostMode::kBypass);  // what become_pass_through_locked does, just after
+  g_modifies.clear();
+  CHECK_FALSE(vf::failover::begin_switch(*rig.e, *rig.p, vf::kStandby,
+                                         vf::FailoverReason::kPortDown, 1, true));
+  CHECK_FALSE(rig.p->sw.in_progress);
+  CHECK(rig.v->mode() == vf::PostMode::kBypass);
+  CHECK(rig.v->active_path() == vf::kPrimary);
+  CHECK(g_modifies.empty());  // the primary was not moved to ERR
 }
