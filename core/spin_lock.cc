@@ -100,8 +100,14 @@ void SpinLock::lock_slow() noexcept {
     // application's calls: they do not spend the budget, which bounds what two application
     // threads sharing the object cost (otherwise one failover would switch the bias off for
     // good, and the healthy path would stay slower after the failback: issue 19 item 11).
-    if (!t_never_bias) ++charged_revocations_;
-    if (charged_revocations_ >= revocation_budget_ ||
+    if (!t_never_bias) {
+      ++charged_revocations_;
+    } else {
+      ++shim_revocations_;
+    }
+    // The shim's own threads have a budget of their own, far larger: a normal failover spends a
+    // few dozen, a storm (a drain that waits, a retry loop) must still end the bias's cost.
+    if (charged_revocations_ >= revocation_budget_ || shim_revocations_ >= kShimRevocationBudget ||
         owner_.load(std::memory_order_relaxed) == kSwitchedOff) {
       owner_.store(kSwitchedOff, std::memory_order_relaxed);  // `revoked_` stays 1 for good
     } else {

@@ -33,8 +33,9 @@
 //      kRevocationBudget of them by application threads the bias is switched off for good:
 //      `revoked_` stays 1 and the lock is the ticket lock alone. A workload where two threads
 //      share an object pays this a bounded number of times. The shim's own threads (a switch,
-//      the engine's passes) revoke without spending it: their pace is the failovers', and the
-//      bias must survive them (the healthy path after a failback is as fast as before).
+//      the engine's passes) spend a budget of their own, kShimRevocationBudget: the bias must
+//      survive many failovers (the healthy path after a failback is as fast as before), and a
+//      storm of them must still end.
 //    - Threads of the shim itself (engine, port monitor) never claim it (never_bias_this_thread).
 //    - A shim thread that inherits a dead owner's thread pointer inherits the bias too (the fast
 //      path does not look at never_bias_this_thread): a cost (revocations until the budget is
@@ -64,6 +65,9 @@ class SpinLock {
   static constexpr std::uint32_t kClaimStreak = 8;
   // Revocations (membarrier calls) a lock may spend before its bias is switched off for good.
   static constexpr std::uint32_t kRevocationBudget = 128;
+  // The same for the shim's own threads (never_bias_this_thread): a switch spends a few per lock.
+  static constexpr std::uint32_t kShimRevocationBudget = 8192;
+  static_assert(kShimRevocationBudget > kRevocationBudget);
   static_assert(kClaimStreak >= 2, "one acquisition says nothing about who uses the object");
   static_assert(kRevocationBudget >= 1);
 
@@ -167,6 +171,7 @@ class SpinLock {
   bool holder_revoked_ = false;
   std::atomic<std::uint32_t> revocations_{0};  // written under the ticket lock
   std::uint32_t charged_revocations_ = 0;       // those of application threads (the budget's)
+  std::uint32_t shim_revocations_ = 0;          // those of the shim's threads
   const std::uint32_t revocation_budget_ = kRevocationBudget;
 };
 

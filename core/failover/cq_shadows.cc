@@ -58,9 +58,12 @@ void cq_resized(Engine& e, ibv_cq* cq) {
   CqState& state = *it->second;
   // The shadow must hold as many completions as the application's CQ now does, and the stash
   // twice as many (what a switch drains into it).
+  // The application's size plus the shim's entries; at least the application's size when the
+  // device cannot give more (the shim reports an overrun if one happens: port_events.cc).
   const int wanted = cq->cqe + static_cast<int>(state.shim_entries);
   if (state.shadow != nullptr && e.verbs.resize_cq != nullptr &&
-      e.verbs.resize_cq(state.shadow, wanted) != 0) {
+      e.verbs.resize_cq(state.shadow, wanted) != 0 &&
+      (wanted == cq->cqe || e.verbs.resize_cq(state.shadow, cq->cqe) != 0)) {
     VF_LOG_WARN("cq {}: resizing its shadow to {} failed; a switch may overflow it",
                 static_cast<const void*>(cq), wanted);
   }

@@ -370,6 +370,10 @@ void handle_failover(Engine& e, const QpKey& ours, std::uint64_t delivered, std:
     VF_LOG_DEBUG("qp {}: the peer asks for a switch after its QP failed for good", p->qp->vqpn);
     return;
   }
+  if (target == kStandby && (p->qp->send_cq->shadow_failed || p->qp->recv_cq->shadow_failed)) {
+    // Its shadow CQ overran (port_events.cc): the standby is lost for good, the pair over.
+    return answer_pair_ended(e, *p);
+  }
   // The peer switches: so do we, whatever our ports say (its side of the path failed). If it saw
   // the path fail silently, this end holds it down too: the two ends then hold and lengthen their
   // holds together, whichever of them sees the next silent failure first.

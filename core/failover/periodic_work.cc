@@ -172,7 +172,7 @@ bool has_pending_work(Engine& e) {
     if (p.destroyed) continue;
     if (p.pairing || p.start_pairing_pending || p.pending_event != UINT32_MAX ||
         p.rearm[0].needed || p.rearm[1].needed || p.sw.in_progress ||
-        p.qp->translation_missing.load()) {
+        p.qp->translation_missing.load() || p.qp->post_retry_due.load()) {
       return true;
     }
   }

@@ -8,6 +8,7 @@
 
 #include "core/clock.h"
 #include "core/failover/devices.h"
+#include "core/failover/pair_end.h"
 #include "core/failover/path_recovery.h"
 #include "core/failover/path_switch.h"
 #include "core/failover/protection_status.h"
@@ -98,13 +99,20 @@ bool on_shadow_cq_error(Engine& e, ibv_cq* cq) {
     VirtualQp& v = *p.qp;
     if (v.send_cq != state && v.recv_cq != state) continue;
     v.path[kStandby].failed = true;
+    const char* why = "its CQ's shadow on the backup device overran and is lost; its standby is "
+                      "not used again";
+    if (v.active_path() == kPrimary && !p.sw.in_progress) {
+      // The pair is over (the peer is told, so that it neither switches nor re-arms towards a
+      // standby this end cannot use); the QP goes on on its primary, unprotected.
+      end_pair(e, p, why);
+      continue;
+    }
+    // On the standby: back to the primary if it can (its completions on the lost shadow may be
+    // lost: docs/design.md §5h).
     if (v.active_path() == kStandby && !p.sw.in_progress) {
       start_switch(e, p, kPrimary, FailoverReason::kErrorCompletion);
     }
-    if (p.unprotected_reason.empty() && !p.ended) {
-      set_unprotected(p, "its CQ's shadow on the backup device overran and is lost; its standby "
-                         "is not used again");
-    }
+    if (p.unprotected_reason.empty() && !p.ended) set_unprotected(p, why);
   }
   return true;
 }

@@ -96,8 +96,6 @@ void qp_created(Engine& e, ibv_qp* qp, const ibv_qp_init_attr_ex& attr) {
                                     e.devices[backup].name, strerror(errno)),
                         false);
   }
-  // Its drain marker may land in the shadow on top of the application's completions.
-  reserve_shadow_entries(e, *recv_cq, 1);
   auto virtual_qp = std::make_unique<VirtualQp>(qp, e.verbs.provider_ops(qp->context), cap,
                                                 attr.sq_sig_all != 0, send_cq, recv_cq);
   VirtualQp* v = virtual_qp.get();
@@ -117,6 +115,10 @@ void qp_created(Engine& e, ibv_qp* qp, const ibv_qp_init_attr_ex& attr) {
   if (group != nullptr) {
     v->srq = group->srq.get();
     group->members.push_back(v);
+  } else {
+    // Its drain marker (a receive: none on an SRQ) may land in the shadow on top of the
+    // application's completions; given back when the QP is destroyed.
+    reserve_shadow_entries(e, *recv_cq, 1);
   }
   Protection& p = e.protections[v];
   p.qp = std::move(virtual_qp);
@@ -346,6 +348,7 @@ void qp_destroying(Engine& e, ibv_qp* qp) {
   v->recv_cq->lock.lock();
   v->recv_cq->lock.unlock();
   if (v->path[kStandby].qp != nullptr) e.verbs.destroy_qp(v->path[kStandby].qp);
+  if (v->srq == nullptr && v->recv_cq->shim_entries > 0) --v->recv_cq->shim_entries;
   e.physical_states.erase(qp);
   // Keep the stats of a QP that existed (the file reports every QP of the run).
   Protection& p = it->second;

@@ -127,18 +127,19 @@ void switch_srq_group(Engine& e, SrqGroup& g, int target, FailoverReason reason,
   }
   srq.set_holding(true);
   for (Protection* q : blocked) give_up_member(e, *q, "no usable standby path of its own");
-  for (Protection* q : movers) {
+  // A member a switch cannot take (pass-through since srq_member_in_use looked) stays behind.
+  std::erase_if(movers, [&](Protection* q) {
     if (const SrqGroup::PassiveMember* m = passive_of(q)) {
-      begin_switch(e, *q, target,
-                   reason == FailoverReason::kFailback ? reason : FailoverReason::kPeerRequest,
-                   m->epoch, false);
-    } else {
-      // Moved along with the QP whose peer asked: for its own peer, a request of ours.
-      const bool along = !passives.empty() && reason != FailoverReason::kFailback;
-      begin_switch(e, *q, target, along ? FailoverReason::kPeerRequest : reason, q->epoch + 1,
-                   true);
+      return !begin_switch(e, *q, target,
+                           reason == FailoverReason::kFailback ? reason
+                                                               : FailoverReason::kPeerRequest,
+                           m->epoch, false);
     }
-  }
+    // Moved along with the QP whose peer asked: for its own peer, a request of ours.
+    const bool along = !passives.empty() && reason != FailoverReason::kFailback;
+    return !begin_switch(e, *q, target, along ? FailoverReason::kPeerRequest : reason,
+                         q->epoch + 1, true);
+  });
   // Every QP of the SRQ is off the old path and its completions are in: what the record still
   // holds was consumed by nobody.
   const int moved = srq.move_to(target);

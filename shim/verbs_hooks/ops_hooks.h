@@ -40,8 +40,12 @@ inline constexpr uint64_t kProtectedSendOps =
     IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ |
     IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD |
     // Not replayable: a QP that declares them is protected until it posts one, and then runs
-    // pass-through (issue 19 item 8, docs/design.md §5h).
+    // pass-through (issue 19 item 8, docs/design.md §5h); with an SRQ, unprotected from the start.
     IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_SEND_WITH_INV |
     IBV_QP_EX_WITH_ATOMIC_WRITE;
+inline constexpr uint64_t kUnreplayableSendOps = IBV_QP_EX_WITH_LOCAL_INV |
+                                                 IBV_QP_EX_WITH_BIND_MW |
+                                                 IBV_QP_EX_WITH_SEND_WITH_INV |
+                                                 IBV_QP_EX_WITH_ATOMIC_WRITE;
 
 }  // namespace vf::shim::ops

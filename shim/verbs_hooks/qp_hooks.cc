@@ -229,6 +229,13 @@ ibv_qp* create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr) {
             VF_LOG_WARN("qp {}: unprotected — it asked for ibv_wr_* operations the shim does "
                         "not replay (send_ops_flags {:#x}; replayed: send, write, read, atomics)",
                         qp->qp_num, attr->send_ops_flags);
+          } else if (send_ops && attr->srq != nullptr &&
+                     (attr->send_ops_flags & kUnreplayableSendOps) != 0) {
+            // A protected QP on an SRQ refuses them (docs/design.md §5h): one that declares them
+            // keeps them, unprotected, as before the shim knew them.
+            VF_LOG_WARN("qp {}: unprotected — it uses a shared receive queue and declares ibv_wr_* "
+                        "operations the shim does not replay (send_ops_flags {:#x})",
+                        qp->qp_num, attr->send_ops_flags);
           } else {
             FailoverEngine::instance().on_qp_created(qp, *attr);
             if (send_ops && FailoverEngine::instance().virtual_qp(qp) != nullptr) {

@@ -79,3 +79,18 @@ TEST_CASE("The engine's passes leave a QP's lock alone while nothing waits to be
   CHECK(rig.v->lock().revocations() - before == 0);
   CHECK(rig.v->lock().biased_to_this_thread());
 }
+
+// Review of acb1636, finding 4: a retry the engine owes must keep it awake (it sleeps without a
+// timeout when nothing is pending), and a retry that is due does take the lock.
+TEST_CASE("Something left unposted keeps the engine's passes coming until it is posted",
+          "[engine]") {
+  Rig rig;
+  fail_over_and_rearm(rig);
+  rig.p->pending_event = UINT32_MAX;  // its traffic resumed: nothing else keeps the engine awake
+  REQUIRE_FALSE(vf::failover::has_pending_work(*rig.e));
+  rig.v->post_retry_due.store(true);
+  CHECK(vf::failover::has_pending_work(*rig.e));
+  vf::failover::periodic_work(*rig.e);  // retries: the rig's standby takes everything
+  CHECK_FALSE(rig.v->post_retry_due.load());
+  CHECK_FALSE(vf::failover::has_pending_work(*rig.e));
+}

@@ -91,3 +91,23 @@ TEST_CASE("A CQ_ERR of a CQ that is no shadow changes nothing", "[engine]") {
   CHECK(vf::failover::can_switch_to(*rig.p, vf::kStandby));
   CHECK(rig.p->unprotected_reason.empty());
 }
+
+// Review of a956981, finding 1: the peer must learn that this end's standby is lost, or it
+// re-arms it and switches the pair there later.
+TEST_CASE("A shadow CQ that overran under a QP on its primary ends the pair, and the peer is told",
+          "[engine]") {
+  Rig rig;
+  vf::CqState* state = register_cq(rig);
+  rig.e->verbs.get_async_event = fake_get_async_event;
+  rig.e->verbs.ack_async_event = fake_ack_async_event;
+  g_error_cq = &rig.shadow_cq;
+  vf::failover::on_device_event(*rig.e, 1);
+  CHECK(state->shadow_failed);
+  CHECK(rig.p->ended);
+  CHECK(rig.sent<vf::PairEnded>().size() == 1);
+  CHECK(rig.v->active_path() == vf::kPrimary);
+  // The peer's switch to the standby, had it missed the notice, is answered the same way.
+  rig.deliver(rig.request_from_peer(1));
+  CHECK(rig.v->active_path() == vf::kPrimary);
+  CHECK_FALSE(rig.p->sw.in_progress);
+}

@@ -259,3 +259,18 @@ TEST_CASE("spin lock: the shim's own threads revoke without spending the budget"
   std::thread([&] { take_and_release(lock, 3); }).join();
   CHECK(lock.bias_switched_off());
 }
+
+// Review of acb1636, finding 3: the shim's threads have a budget of their own, so that a storm of
+// their revocations (a drain that waits, a retry loop) ends.
+TEST_CASE("spin lock: the shim's own threads have a budget of their own", "[spin_lock]") {
+  if (!kExpectBias) return;
+  vf::SpinLock lock;
+  take_and_release(lock, vf::SpinLock::kClaimStreak);
+  REQUIRE(lock.biased_to_this_thread());
+  std::thread([&] {
+    vf::SpinLock::never_bias_this_thread();
+    take_and_release(lock, vf::SpinLock::kShimRevocationBudget);
+  }).join();
+  CHECK(lock.bias_switched_off());
+  CHECK(lock.revocations() == vf::SpinLock::kShimRevocationBudget);
+}
