@@ -10,16 +10,6 @@
 
 namespace {
 
-// The peer's port went down: the pair runs on the standby; then the primary is re-armed.
-void fail_over_and_rearm(Rig& rig) {
-  rig.deliver(rig.request_from_peer(1));
-  REQUIRE(rig.v->active_path() == vf::kStandby);
-  REQUIRE_FALSE(rig.p->sw.in_progress);
-  rig.v->path[vf::kPrimary].connected = true;
-  rig.v->path[vf::kPrimary].failed = false;
-  rig.p->rearm[vf::kPrimary] = {};
-}
-
 void fail_back(Rig& rig) {
   rig.deliver(rig.failback_request_from_peer(2));
   REQUIRE_FALSE(rig.p->sw.in_progress);
@@ -30,7 +20,7 @@ void fail_back(Rig& rig) {
 
 TEST_CASE("After the failback, polls no longer look at the shadow CQ", "[engine]") {
   Rig rig;
-  fail_over_and_rearm(rig);
+  rig.fail_over_and_rearm();
   CHECK(rig.cq_state->shadow_active.load());
   fail_back(rig);
   CHECK(rig.v->mode() == vf::PostMode::kDirect);
@@ -53,7 +43,7 @@ TEST_CASE("A CQ another QP of which still runs on the standby keeps polling the 
   other->set_active_path(vf::kStandby);
   vf::VirtualQp* key = other.get();
   rig.e->protections[key].qp = std::move(other);
-  fail_over_and_rearm(rig);
+  rig.fail_over_and_rearm();
   fail_back(rig);
   CHECK(rig.cq_state->shadow_active.load());
 }
@@ -62,7 +52,7 @@ TEST_CASE("The engine's passes leave a QP's lock alone while nothing waits to be
           "[engine]") {
   if (!vf::SpinLock::bias_available()) return;  // no bias to revoke (TSan, old kernels)
   Rig rig;
-  fail_over_and_rearm(rig);
+  rig.fail_over_and_rearm();
   rig.p->rearm[vf::kPrimary].needed = true;  // the pair waits for its primary: passes go on
   // This thread is the application's: it becomes the owner of the QP's lock.
   for (std::uint32_t i = 0; i < vf::SpinLock::kClaimStreak; ++i) {
@@ -85,7 +75,7 @@ TEST_CASE("The engine's passes leave a QP's lock alone while nothing waits to be
 TEST_CASE("Something left unposted keeps the engine's passes coming until it is posted",
           "[engine]") {
   Rig rig;
-  fail_over_and_rearm(rig);
+  rig.fail_over_and_rearm();
   rig.p->pending_event = UINT32_MAX;  // its traffic resumed: nothing else keeps the engine awake
   REQUIRE_FALSE(vf::failover::has_pending_work(*rig.e));
   rig.v->post_retry_due.store(true);

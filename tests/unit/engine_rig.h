@@ -231,6 +231,16 @@ struct Rig {
     request.target_path = vf::kStandby;
     return request;
   }
+  // The peer's port went down: the pair runs on the standby; then the primary is re-armed (the
+  // state a failback starts from).
+  void fail_over_and_rearm() {
+    deliver(request_from_peer(1));
+    REQUIRE(v->active_path() == vf::kStandby);
+    REQUIRE_FALSE(p->sw.in_progress);
+    v->path[vf::kPrimary].connected = true;
+    v->path[vf::kPrimary].failed = false;
+    p->rearm[vf::kPrimary] = {};
+  }
   // The peer's failback (its primary re-armed, both sides back to it).
   vf::FailoverRequest failback_request_from_peer(std::uint32_t epoch) const {
     vf::FailoverRequest request = request_from_peer(epoch);

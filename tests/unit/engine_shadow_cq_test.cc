@@ -31,15 +31,6 @@ vf::CqState* register_cq(Rig& rig) {
   return state;
 }
 
-void fail_over_with_primary_rearmed(Rig& rig) {
-  rig.deliver(rig.request_from_peer(1));
-  REQUIRE(rig.v->active_path() == vf::kStandby);
-  REQUIRE_FALSE(rig.p->sw.in_progress);
-  rig.v->path[vf::kPrimary].connected = true;
-  rig.v->path[vf::kPrimary].failed = false;
-  rig.p->rearm[vf::kPrimary] = {};
-}
-
 }  // namespace
 
 TEST_CASE("The shadow CQ grows by one entry per QP for the drain markers", "[engine]") {
@@ -57,7 +48,7 @@ TEST_CASE("A shadow CQ that overran sends its QPs back to their primaries for go
           "[engine]") {
   Rig rig;
   vf::CqState* state = register_cq(rig);
-  fail_over_with_primary_rearmed(rig);
+  rig.fail_over_and_rearm();
   rig.e->verbs.get_async_event = fake_get_async_event;
   rig.e->verbs.ack_async_event = fake_ack_async_event;
   g_error_cq = &rig.shadow_cq;
