@@ -65,8 +65,13 @@ struct Device {
   PortInfoState ports[kMaxPorts + 1];
   int max_qp_rd_atom = 1;
   // Whether the device flushes a receive posted to a QP in ERR (the drain marker, §5d): learnt
-  // at the first switch. One that does not (rxe of older kernels) is not waited for again.
+  // at the first switch. One that missed the deadline (rxe of older kernels, a dead device, or
+  // an engine starved of the CPU) is drained without a marker until marker_retry_at_ns, a
+  // back-off that doubles with each deadline missed in a row (kMarkerRetryFirstNs up to
+  // kMarkerRetryMaxNs) and ends when a flush comes.
   enum class MarkerFlush { kUnknown, kYes, kNo } marker_flush = MarkerFlush::kUnknown;
+  std::uint64_t marker_retry_at_ns = 0;
+  std::uint64_t marker_backoff_ns = 0;
 };
 
 struct MrRecord {

@@ -27,16 +27,24 @@ constexpr std::uint64_t kSrqPairingWaitNs = 1'000'000'000;
 // How long a switch's drain waits for the old path's receive queue to flush (drain_old_path).
 // A device that flushes ends the wait at once (microseconds on hardware, a few ms on rxe in the
 // emulated lab). The bound is for a device that does not flush (or no longer does: a dead one);
-// it is paid once per device, which is then drained without a marker. It is generous because
-// giving up early can lose a message, and the engine's thread may be starved of the CPU: 50 ms
-// ran out on a loaded 2-vCPU machine (the fake's late_recv_cqe, and rxe once in the lab)
-// although the flush was coming.
+// it is paid once per device and back-off (kMarkerRetryFirstNs below), the device being
+// drained without a marker in between. It is generous because giving up early can lose a
+// message, and the engine's thread may be starved of the CPU: 50 ms ran out on a loaded 2-vCPU
+// machine (the fake's late_recv_cqe, and rxe once in the lab) although the flush was coming.
 constexpr std::uint64_t kReceiveFlushWaitNs = 1'000'000'000;
 // How long the drain polls for the marker before it moves the QP to ERR a second time
 // (drain_old_path): long enough for hardware to have written the flush, so that it is spared
 // the extra command.
 constexpr std::uint64_t kDrainMarkerNudgeNs = 200'000;
 static_assert(kDrainMarkerNudgeNs < kReceiveFlushWaitNs);
+// After a device missed the marker's deadline, its switches drain without a marker for this
+// long, then try it again; each deadline missed in a row doubles the wait, up to the bound. A
+// dead device costs its QPs one wait per back-off, not one each; a device that missed once
+// (its engine starved of the CPU) is not drained without a marker for the rest of the process.
+constexpr std::uint64_t kMarkerRetryFirstNs = 10'000'000'000ull;
+constexpr std::uint64_t kMarkerRetryMaxNs = 640'000'000'000ull;
+static_assert(kReceiveFlushWaitNs < kMarkerRetryFirstNs && kMarkerRetryFirstNs < kMarkerRetryMaxNs);
+static_assert(kMarkerRetryMaxNs % kMarkerRetryFirstNs == 0);
 // The most transport retries every provider counts: rxe takes retry_cnt 7 as "retry without end"
 // (the IB spec counts 7), and a path that dies silently (no port event) must end in
 // RETRY_EXC_ERR for the traffic to move. So protected QPs retry at most this often: the

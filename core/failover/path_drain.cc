@@ -22,7 +22,9 @@ namespace {
 bool post_drain_marker(Engine& e, Protection& p, int path) {
   VirtualQp& v = *p.qp;
   if (v.srq != nullptr) return false;
-  if (e.devices[v.path[path].device_index].marker_flush == Device::MarkerFlush::kNo) {
+  const Device& device = e.devices[v.path[path].device_index];
+  if (device.marker_flush == Device::MarkerFlush::kNo &&
+      monotonic_ns() < device.marker_retry_at_ns) {
     return false;
   }
   ibv_qp* qp = v.path[path].qp;
@@ -39,6 +41,34 @@ bool post_drain_marker(Engine& e, Protection& p, int path) {
     return false;
   }
   return true;
+}
+
+// The marker missed its deadline: the device's switches drain without one for a back-off that
+// doubles with each miss in a row. A device that stopped flushing (one that died) must not charge
+// the full wait to each of its QPs in turn, with the engine's lock held; one that missed once
+// (its engine starved of the CPU, a flush storm) gets the marker again later.
+void give_up_marker(Device& device, std::uint32_t vqpn, int from) {
+  const Device::MarkerFlush before = device.marker_flush;
+  device.marker_flush = Device::MarkerFlush::kNo;
+  device.marker_backoff_ns = device.marker_backoff_ns == 0
+                                 ? kMarkerRetryFirstNs
+                                 : std::min(2 * device.marker_backoff_ns, kMarkerRetryMaxNs);
+  device.marker_retry_at_ns = monotonic_ns() + device.marker_backoff_ns;
+  if (before == Device::MarkerFlush::kUnknown) {
+    VF_LOG_WARN(
+        "failover: {} did not flush a receive posted to a QP in ERR within {} ms (qp {}); its "
+        "switches drain what its CQ holds for the next {} s, and a receive completion it "
+        "writes after its ACK would not be counted",
+        device.name, kReceiveFlushWaitNs / 1'000'000, vqpn,
+        device.marker_backoff_ns / 1'000'000'000);
+  } else {
+    VF_LOG_WARN(
+        "qp {}: the {} path's receive queue did not flush within {} ms of ERR; a receive "
+        "completion its device writes later is not counted, and {}'s switches drain without a "
+        "marker for the next {} s",
+        vqpn, path_name(from), kReceiveFlushWaitNs / 1'000'000, device.name,
+        device.marker_backoff_ns / 1'000'000'000);
+  }
 }
 
 }  // namespace
@@ -59,6 +89,7 @@ void drain_old_path(Engine& e, Protection& p, int from, bool in_error) {
     Device& device = e.devices[v.path[from].device_index];
     if (seen) {
       device.marker_flush = Device::MarkerFlush::kYes;
+      device.marker_backoff_ns = 0;
       return;
     }
     const std::uint64_t now = monotonic_ns();
@@ -77,24 +108,19 @@ void drain_old_path(Engine& e, Protection& p, int from, bool in_error) {
       }
     }
     if (now >= deadline) {
-      // Remembered whatever the device did before: a device that stopped flushing (one that
-      // died) must not charge the full wait to each of its QPs in turn, with the engine's
-      // lock held.
-      const Device::MarkerFlush before = device.marker_flush;
-      device.marker_flush = Device::MarkerFlush::kNo;
-      if (before == Device::MarkerFlush::kUnknown) {
-        VF_LOG_WARN(
-            "failover: {} does not flush a receive posted to a QP in ERR (waited {} ms, "
-            "qp {}); its switches drain what its CQ holds, and a receive completion it "
-            "writes after its ACK would not be counted",
-            device.name, kReceiveFlushWaitNs / 1'000'000, v.vqpn);
-      } else {
-        VF_LOG_WARN(
-            "qp {}: the {} path's receive queue did not flush within {} ms of ERR; a "
-            "receive completion its device writes later is not counted, and {}'s "
-            "switches drain without a marker from now on",
-            v.vqpn, path_name(from), kReceiveFlushWaitNs / 1'000'000, device.name);
+      // A thread starved of the CPU between the last poll and this clock read would conclude
+      // without having looked after the flush came: one more drain decides.
+      v.send_cq->drain_into_stash(from);
+      if (v.recv_cq != v.send_cq) v.recv_cq->drain_into_stash(from);
+      v.lock().lock();
+      const bool seen_late = v.drain_marker_seen(from);
+      v.lock().unlock();
+      if (seen_late) {
+        device.marker_flush = Device::MarkerFlush::kYes;
+        device.marker_backoff_ns = 0;
+        return;
       }
+      give_up_marker(device, v.vqpn, from);
       return;
     }
     // Polls back to back (a flush takes microseconds), giving the CPU away now and then.
