@@ -11,6 +11,7 @@
 #include "core/clock.h"
 #include "core/failover/devices.h"
 #include "core/failover/memory_mirror.h"
+#include "core/failover/pair_end.h"
 #include "core/failover/path_switch.h"
 #include "core/failover/protection_status.h"
 #include "core/failover/qp_transitions.h"
@@ -26,16 +27,29 @@ bool srq_member_in_use(const Protection& q) {
   return !q.destroyed && !q.qp->application_failed.load() && q.qp->mode() != PostMode::kBypass;
 }
 
-// A QP of a moving SRQ that cannot move with it: its receives leave, so it fails as it would
-// have without the shim (its old QP to ERR, its held errors to the application).
-void give_up_member(Engine& e, Protection& q, const char* why) {
+// A QP of a moving SRQ that cannot move with it, or whose failure keeps the SRQ where it is: it
+// fails as it would have without the shim (its QP to ERR, its held errors to the application,
+// its peer told the pair is over). Its CQs are drained first: a receive it completed that the
+// application has not polled yet retires its SRQ record now, so a move never posts that buffer
+// again while it holds a message.
+void give_up_member(Engine& e, Protection& q, const std::string& why) {
   VirtualQp& v = *q.qp;
-  to_error(e, v.path[v.active_path()].qp, v.active_path() == kPrimary);
+  const int path = v.active_path();
+  to_error(e, v.path[path].qp, path == kPrimary);
+  v.send_cq->drain_into_stash(path);
+  if (v.recv_cq != v.send_cq) v.recv_cq->drain_into_stash(path);
   release_held_errors(q);
   v.lock().lock();
   v.set_mode(PostMode::kBypass);
   v.lock().unlock();
-  set_unprotected(q, fmt::format("its shared receive queue moved without it ({})", why));
+  end_pair(e, q, why);
+}
+
+// Whether a member's connection is known to have failed: its own path, or its peer's side (the
+// peer asked for the move). One that has not would have kept working without the shim.
+bool member_path_failed(const Protection& q, bool peer_asked) {
+  const VirtualQp& v = *q.qp;
+  return peer_asked || v.path[v.active_path()].failed || v.link_error_seen.load();
 }
 
 // A member whose pairing is in flight and whose own path still works: the SRQ's move waits for it.
@@ -43,6 +57,27 @@ bool srq_member_still_pairing(const Protection& q) {
   const VirtualQp& v = *q.qp;
   return !q.paired && (q.pairing || q.start_pairing_pending) && !v.path[v.active_path()].failed &&
          !v.link_error_seen.load();
+}
+
+// A failover the SRQ cannot make: `healthy` cannot move with it and its own path works, so it
+// would starve on a receive queue whose buffers left. The SRQ stays; the members whose connection
+// failed get the failure they would have got without the shim, and the others go on as they are.
+void stay_for_healthy_member(Engine& e, SrqGroup& g, std::vector<Protection*> members,
+                             const Protection& healthy,
+                             const std::vector<SrqGroup::PassiveMember>& passives) {
+  VirtualSrq& srq = *g.srq;
+  g.pending = {};
+  VF_LOG_WARN("srq {:#x}: stays on the {} path: qp {} on it works there and has no usable "
+              "standby path; the QPs on it whose connection failed get their errors",
+              srq.app_srq->handle, path_name(srq.active_path()), healthy.qp->vqpn);
+  const std::string why = fmt::format("its connection failed and its shared receive queue could "
+                                      "not move (qp {} on it works and cannot follow)",
+                                      healthy.qp->vqpn);
+  for (Protection* q : members) {
+    const bool peer_asked = std::any_of(passives.begin(), passives.end(),
+                                        [&](const auto& m) { return m.q == q; });
+    if (member_path_failed(*q, peer_asked)) give_up_member(e, *q, why);
+  }
 }
 
 }  // namespace
@@ -99,6 +134,15 @@ void switch_srq_group(Engine& e, SrqGroup& g, int target, FailoverReason reason,
                  srq.app_srq->handle, blocked.size());
     return;
   }
+  if (reason != FailoverReason::kFailback) {
+    const auto healthy = std::find_if(blocked.begin(), blocked.end(), [&](const Protection* q) {
+      return !member_path_failed(*q, passive_of(q) != nullptr);
+    });
+    if (healthy != blocked.end()) {
+      movers.insert(movers.end(), blocked.begin(), blocked.end());
+      return stay_for_healthy_member(e, g, std::move(movers), **healthy, passives);
+    }
+  }
   if (!waiting.empty()) {
     const std::uint64_t now = monotonic_ns();
     if (!g.pending.active) {
@@ -122,11 +166,17 @@ void switch_srq_group(Engine& e, SrqGroup& g, int target, FailoverReason reason,
   const int from = srq.active_path();
   if (from != target && srq.may_hold_stale[target] && !sweep_srq(e, g, target)) {
     if (reason == FailoverReason::kFailback) return;
-    for (Protection* q : movers) give_up_member(e, *q, "the other path's SRQ could not be swept");
+    for (Protection* q : movers) {
+      give_up_member(e, *q, "its shared receive queue could not move: the other path's SRQ could "
+                            "not be swept");
+    }
     return;
   }
   srq.set_holding(true);
-  for (Protection* q : blocked) give_up_member(e, *q, "no usable standby path of its own");
+  for (Protection* q : blocked) {
+    give_up_member(e, *q, "its shared receive queue moved without it (no usable standby path of "
+                          "its own)");
+  }
   // A member a switch cannot take (pass-through since srq_member_in_use looked) stays behind.
   std::erase_if(movers, [&](Protection* q) {
     if (const SrqGroup::PassiveMember* m = passive_of(q)) {

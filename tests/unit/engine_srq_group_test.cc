@@ -1,0 +1,187 @@
+// The move of a shared receive queue with its QPs (issue 19 item 2, core/failover/srq_group.cc),
+// on the rig of tests/unit/engine_rig.h with a second QP on the same SRQ: a move must not harm a
+// member that would have kept working without the shim, and must never post one receive buffer
+// twice (a member left behind may still have completions of its receives in its CQ that the
+// application has not polled).
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "core/datapath_registries.h"
+#include "core/failover/srq_group.h"
+#include "core/virtual_srq.h"
+#include "tests/unit/engine_rig.h"
+
+namespace {
+
+// What each CQ's provider still holds, returned by its polls in order.
+std::map<const ibv_cq*, std::vector<ibv_wc>> g_cq_entries;
+
+int queued_poll_cq(ibv_cq* cq, int num_entries, ibv_wc* wc) {
+  std::vector<ibv_wc>& entries = g_cq_entries[cq];
+  int n = 0;
+  while (n < num_entries && !entries.empty()) {
+    wc[n++] = entries.front();
+    entries.erase(entries.begin());
+  }
+  return n;
+}
+
+std::vector<std::uint64_t> g_srq_posts[2];  // wr_ids posted on the primary and standby SRQ
+int post_primary_srq(ibv_srq*, ibv_recv_wr* wr, ibv_recv_wr**) {
+  for (; wr != nullptr; wr = wr->next) g_srq_posts[vf::kPrimary].push_back(wr->wr_id);
+  return 0;
+}
+int post_standby_srq(ibv_srq*, ibv_recv_wr* wr, ibv_recv_wr**) {
+  for (; wr != nullptr; wr = wr->next) g_srq_posts[vf::kStandby].push_back(wr->wr_id);
+  return 0;
+}
+
+// The rig's QP 17 (standby 18, peer 33) and QP 19 (standby 20, peer 35, its own CQ) on one SRQ
+// of fake0, with its shadow on fake1; both QPs found by their numbers as the datapath finds them.
+struct GroupRig {
+  Rig rig;
+  ibv_context_ops saved = g_ops;
+  ibv_context_ops srq_ops{};
+  ibv_srq app_srq{};
+  ibv_srq shadow_srq{};
+  ibv_qp app_qp2{};
+  ibv_qp standby_qp2{};
+  ibv_cq cq2{};
+  std::unique_ptr<vf::CqState> cq2_state;
+  vf::failover::SrqGroup* group = nullptr;
+  vf::VirtualQp* v2 = nullptr;
+  Protection* p2 = nullptr;
+
+  GroupRig() {
+    g_cq_entries.clear();
+    g_srq_posts[0].clear();
+    g_srq_posts[1].clear();
+    g_ops.poll_cq = queued_poll_cq;
+    srq_ops = g_ops;
+    srq_ops.post_srq_recv = post_primary_srq;
+    rig.contexts[1].ops.post_srq_recv = post_standby_srq;
+    app_srq.context = &rig.contexts[0];
+    shadow_srq.context = &rig.contexts[1];
+    group = &rig.e->srqs[&app_srq];
+    group->srq = std::make_unique<vf::VirtualSrq>(&app_srq, &srq_ops, 16, 1, 0);
+    group->srq->shadow = &shadow_srq;
+    group->srq->shadow_device_index = 1;
+
+    app_qp2.qp_num = 19;
+    app_qp2.context = &rig.contexts[0];
+    app_qp2.state = IBV_QPS_RTS;
+    standby_qp2.qp_num = 20;
+    standby_qp2.context = &rig.contexts[1];
+    cq2.context = &rig.contexts[0];
+    cq2.cqe = 64;
+    cq2_state = std::make_unique<vf::CqState>(&cq2, 0, &g_ops, 2 * 64 + 64);
+    ibv_qp_cap cap{};
+    cap.max_send_wr = cap.max_recv_wr = 16;
+    cap.max_send_sge = cap.max_recv_sge = 1;
+    cap.max_inline_data = 64;
+    auto qp = std::make_unique<vf::VirtualQp>(&app_qp2, &g_ops, cap, false, cq2_state.get(),
+                                              cq2_state.get());
+    v2 = qp.get();
+    v2->path[vf::kPrimary] = {&app_qp2, 0, 1, 0, gid(1), 101, true, false};
+    v2->path[vf::kStandby] = {&standby_qp2, 1, 1, 0, gid(2), 201, true, false};
+    p2 = &rig.e->protections[v2];
+    p2->qp = std::move(qp);
+    p2->local = {19, gid(1)};
+    p2->remote = {35, gid(4)};
+    p2->remote_known = true;
+    p2->paired = true;
+    p2->peer.local = true;
+
+    rig.v->srq = v2->srq = group->srq.get();
+    group->members = {rig.v, v2};
+    REQUIRE(vf::datapath_registries::qps_by_qpn.insert(vf::qpn_registry_key(0, 17), rig.v));
+    REQUIRE(vf::datapath_registries::qps_by_qpn.insert(vf::qpn_registry_key(0, 19), v2));
+  }
+  ~GroupRig() {
+    vf::datapath_registries::qps_by_qpn.erase(vf::qpn_registry_key(0, 17));
+    vf::datapath_registries::qps_by_qpn.erase(vf::qpn_registry_key(0, 19));
+    rig.v->srq = v2->srq = nullptr;
+    g_ops = saved;
+  }
+  GroupRig(const GroupRig&) = delete;
+  GroupRig& operator=(const GroupRig&) = delete;
+
+  int post(std::uint64_t wr_id) {
+    return Rig::post_one_receive(wr_id, [&](ibv_recv_wr* wr, ibv_recv_wr** bad) {
+      return group->srq->post_recv(wr, bad);
+    });
+  }
+  // A message QP 19 took from the SRQ: its completion waits in QP 19's CQ, not yet polled.
+  void arrives_on_qp2(std::uint64_t wr_id) {
+    ibv_wc wc{};
+    wc.wr_id = wr_id;
+    wc.status = IBV_WC_SUCCESS;
+    wc.opcode = IBV_WC_RECV;
+    wc.qp_num = 19;
+    wc.byte_len = 8;
+    g_cq_entries[&cq2].push_back(wc);
+  }
+  bool moved_to_error(const ibv_qp* qp) const {
+    for (const ModifyCall& call : g_modifies) {
+      if (call.qp == qp && call.state == IBV_QPS_ERR) return true;
+    }
+    return false;
+  }
+  std::vector<std::uint64_t> polled(vf::CqState& cq) {
+    ibv_wc wc[8];
+    cq.lock.lock();
+    const int n = cq.poll_merged_locked(8, wc);  // releases the lock
+    std::vector<std::uint64_t> out;
+    for (int i = 0; i < n; ++i) out.push_back(wc[i].wr_id);
+    return out;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("A shared receive queue does not move away from a member whose own path works",
+          "[engine]") {
+  GroupRig g;
+  REQUIRE(g.post(0x10) == 0);
+  REQUIRE(g.post(0x11) == 0);
+  // QP 19's standby is not connected (its peer's shim has not re-armed it): it cannot move.
+  g.v2->path[vf::kStandby].connected = false;
+  // QP 17's peer lost its port and asks for the switch.
+  g.rig.deliver(g.rig.request_from_peer(1));
+  // QP 19 would have kept working without the shim: it is untouched, and the receives stay
+  // where it takes them.
+  CHECK_FALSE(g.moved_to_error(&g.app_qp2));
+  CHECK(g.v2->mode() == vf::PostMode::kDirect);
+  CHECK(g.p2->unprotected_reason.empty());
+  CHECK(g.group->srq->active_path() == vf::kPrimary);
+  CHECK(g_srq_posts[vf::kStandby].empty());
+  // QP 17 fails as it would have without the shim, and its peer learns the pair is over (it
+  // waits for no answer).
+  CHECK(g.rig.v->application_failed.load());
+  CHECK(g.rig.v->active_path() == vf::kPrimary);
+  CHECK_FALSE(g.rig.sent<vf::PairEnded>().empty());
+  CHECK_FALSE(g.rig.p->unprotected_reason.empty());
+}
+
+TEST_CASE("A member left behind by its SRQ's move keeps its unpolled receives off the move",
+          "[engine]") {
+  GroupRig g;
+  REQUIRE(g.post(0x20) == 0);
+  REQUIRE(g.post(0x21) == 0);
+  // QP 19 took 0x20; the application has not polled its completion yet.
+  g.arrives_on_qp2(0x20);
+  // The port goes down under both; QP 19 has no standby to go to.
+  g.v2->path[vf::kStandby].connected = false;
+  g.rig.v->path[vf::kPrimary].failed = true;
+  g.v2->path[vf::kPrimary].failed = true;
+  vf::failover::start_switch(*g.rig.e, *g.rig.p, vf::kStandby, vf::FailoverReason::kPortDown);
+  REQUIRE(g.group->srq->active_path() == vf::kStandby);
+  REQUIRE(g.rig.v->active_path() == vf::kStandby);
+  CHECK(g.moved_to_error(&g.app_qp2));
+  // Only 0x21 is posted on the standby SRQ: 0x20's buffer holds a message the application has
+  // yet to read, and a second message must not land in it.
+  CHECK(g_srq_posts[vf::kStandby].size() == 1);
+  // The application still gets 0x20's message.
+  CHECK(g.polled(*g.cq2_state) == std::vector<std::uint64_t>{0x20});
+}
