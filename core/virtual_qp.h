@@ -280,6 +280,9 @@ class VirtualQp {
   const bool sig_all;
   CqState* const send_cq;
   CqState* const recv_cq;
+  // Engine: a shadow of one of its CQs overran (CqState::shadow_failed), so its standby is lost
+  // for good.
+  bool standby_lost() const { return send_cq->shadow_failed || recv_cq->shadow_failed; }
   // The shared receive queue the QP takes its receives from (its group switches together), or
   // nullptr. Set by the engine before the QP is published.
   VirtualSrq* srq = nullptr;

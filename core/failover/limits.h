@@ -37,6 +37,10 @@ constexpr std::uint64_t kReceiveFlushWaitNs = 1'000'000'000;
 // the extra command.
 constexpr std::uint64_t kDrainMarkerNudgeNs = 200'000;
 static_assert(kDrainMarkerNudgeNs < kReceiveFlushWaitNs);
+// The least time a nudge gets to show the flush, even when the engine's thread, starved of the
+// CPU, made it close to or past the deadline (rxe flushes within a few ms in the lab).
+constexpr std::uint64_t kDrainMarkerAfterNudgeNs = 100'000'000;
+static_assert(kDrainMarkerAfterNudgeNs < kReceiveFlushWaitNs);
 // After a device missed the marker's deadline, its switches drain without a marker for this
 // long, then try it again; each deadline missed in a row doubles the wait, up to the bound. A
 // dead device costs its QPs one wait per back-off, not one each; a device that missed once

@@ -28,6 +28,10 @@ bool post_drain_marker(Engine& e, Protection& p, int path) {
     return false;
   }
   ibv_qp* qp = v.path[path].qp;
+  // The flush of an earlier drain's marker that came after that drain gave up may still sit in
+  // the CQ (one the application does not poll: a retired shadow): taken first, it cannot end this
+  // drain before this marker's own flush.
+  v.recv_cq->drain_into_stash(path);
   v.lock().lock();
   v.clear_drain_marker(path);
   v.lock().unlock();
@@ -77,7 +81,7 @@ void drain_old_path(Engine& e, Protection& p, int from, bool in_error) {
   VirtualQp& v = *p.qp;
   const bool marked = in_error && post_drain_marker(e, p, from);
   const std::uint64_t start = monotonic_ns();
-  const std::uint64_t deadline = start + kReceiveFlushWaitNs;
+  std::uint64_t deadline = start + kReceiveFlushWaitNs;
   bool nudged = false;
   for (unsigned round = 1;; ++round) {
     v.send_cq->drain_into_stash(from);
@@ -99,6 +103,8 @@ void drain_old_path(Engine& e, Protection& p, int from, bool in_error) {
       // ERR again (ERR -> ERR is a legal transition) schedules another; on a device that
       // flushes by itself it only costs the call.
       nudged = true;
+      // A nudge made late (the thread starved of the CPU) still gets its time to flush.
+      deadline = std::max(deadline, now + kDrainMarkerAfterNudgeNs);
       ibv_qp_attr attr{};
       attr.qp_state = IBV_QPS_ERR;
       const int result = modify(e, v.path[from].qp, &attr, IBV_QP_STATE, from == kPrimary);

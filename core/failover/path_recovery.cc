@@ -157,7 +157,7 @@ void maybe_rearm(Engine& e, Protection& p, int path) {
   }
   if (!rearm.needed || p.sw.in_progress || v.active_path() == path) return;
   // A standby whose CQ's shadow overran is lost for good (port_events.cc, on_shadow_cq_error).
-  if (path == kStandby && (v.send_cq->shadow_failed || v.recv_cq->shadow_failed)) return;
+  if (path == kStandby && v.standby_lost()) return;
   const PhysicalPath& physical = v.path[path];
   const std::uint64_t now = monotonic_ns();
   // Neither asks nor says its port is back until the port has stayed up (a flap is not a repair).

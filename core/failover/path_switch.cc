@@ -213,10 +213,9 @@ bool begin_switch(Engine& e, Protection& p, int target, FailoverReason reason, s
 
 bool can_switch_to(const Protection& p, int target) {
   const VirtualQp& v = *p.qp;
-  const bool shadow_lost = v.send_cq->shadow_failed || v.recv_cq->shadow_failed;
   return p.paired && !p.ended && v.path[target].connected && !v.path[target].failed &&
          !v.application_failed.load() && v.mode() != PostMode::kBypass &&
-         !(target == kStandby && shadow_lost);
+         !(target == kStandby && v.standby_lost());
 }
 
 void release_held_errors(Protection& p) {
@@ -370,7 +369,7 @@ void handle_failover(Engine& e, const QpKey& ours, std::uint64_t delivered, std:
     VF_LOG_DEBUG("qp {}: the peer asks for a switch after its QP failed for good", p->qp->vqpn);
     return;
   }
-  if (target == kStandby && (p->qp->send_cq->shadow_failed || p->qp->recv_cq->shadow_failed)) {
+  if (target == kStandby && p->qp->standby_lost()) {
     // Its shadow CQ overran (port_events.cc): the standby is lost for good, the pair over.
     return answer_pair_ended(e, *p);
   }

@@ -80,9 +80,9 @@ void on_port_change(Engine& e, int device, std::uint8_t port, ibv_port_state sta
 namespace {
 
 // IBV_EVENT_CQ_ERR on the engine's context: when `cq` is a shadow, it overran and is lost for good
-// (completions of its standby QPs with it: issue 19 item 9). Said once; the QPs of its CQ that run
-// on the standby go back to their primaries, and none uses its standby again (can_switch_to,
-// maybe_rearm). False when `cq` is no shadow.
+// (completions of its standby QPs with it: issue 19 item 9). Said once. A QP of its CQ on its
+// primary ends its pair (the peer told); one on the standby goes back to its primary if it can;
+// none uses its standby again (VirtualQp::standby_lost). False when `cq` is no shadow.
 bool on_shadow_cq_error(Engine& e, ibv_cq* cq) {
   CqState* state = nullptr;
   for (auto& [app_cq, candidate] : e.cqs) {

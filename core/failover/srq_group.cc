@@ -28,20 +28,31 @@ bool srq_member_in_use(const Protection& q) {
 }
 
 // A QP of a moving SRQ that cannot move with it, or whose failure keeps the SRQ where it is: it
-// fails as it would have without the shim (its QP to ERR, its held errors to the application,
-// its peer told the pair is over). Its CQs are drained first: a receive it completed that the
-// application has not polled yet retires its SRQ record now, so a move never posts that buffer
-// again while it holds a message.
+// fails as it would have without the shim (its QPs to ERR, its errors to the application in
+// order, its peer told the pair is over). Its CQs are drained after the ERR: a receive it
+// completed that the application has not polled yet retires its SRQ record now, so a move never
+// posts that buffer again while it holds a message.
 void give_up_member(Engine& e, Protection& q, const std::string& why) {
   VirtualQp& v = *q.qp;
   const int path = v.active_path();
+  release_held_errors(q);  // the errors held so far come before the flushes below
   to_error(e, v.path[path].qp, path == kPrimary);
   v.send_cq->drain_into_stash(path);
   if (v.recv_cq != v.send_cq) v.recv_cq->drain_into_stash(path);
-  release_held_errors(q);
+  release_held_errors(q);  // the flushes the drain held (a QP on its standby records them)
+  if (path == kStandby) {
+    // Pass-through posts go to the application's own QP, which may have been re-armed: it fails
+    // too, and its completions are the application's (as abort_switch does).
+    to_error(e, v.path[kPrimary].qp, true);
+    v.lock().lock();
+    v.set_active_path(kPrimary);
+    v.set_accepting(kPrimary, true);
+    v.lock().unlock();
+  }
   v.lock().lock();
   v.set_mode(PostMode::kBypass);
   v.lock().unlock();
+  v.link_error_seen.store(false);  // its errors are the application's: no switch is due
   end_pair(e, q, why);
 }
 
@@ -59,20 +70,12 @@ bool srq_member_still_pairing(const Protection& q) {
          !v.link_error_seen.load();
 }
 
-// A failover the SRQ cannot make: `healthy` cannot move with it and its own path works, so it
-// would starve on a receive queue whose buffers left. The SRQ stays; the members whose connection
-// failed get the failure they would have got without the shim, and the others go on as they are.
-void stay_for_healthy_member(Engine& e, SrqGroup& g, std::vector<Protection*> members,
-                             const Protection& healthy,
-                             const std::vector<SrqGroup::PassiveMember>& passives) {
-  VirtualSrq& srq = *g.srq;
+// A failover the SRQ cannot make (a member that works cannot follow, or the other path's SRQ
+// could not be swept): the SRQ stays; the members whose connection failed get the failure they
+// would have got without the shim, and the others go on as they are.
+void stay_put(Engine& e, SrqGroup& g, const std::vector<Protection*>& members,
+              const std::vector<SrqGroup::PassiveMember>& passives, const std::string& why) {
   g.pending = {};
-  VF_LOG_WARN("srq {:#x}: stays on the {} path: qp {} on it works there and has no usable "
-              "standby path; the QPs on it whose connection failed get their errors",
-              srq.app_srq->handle, path_name(srq.active_path()), healthy.qp->vqpn);
-  const std::string why = fmt::format("its connection failed and its shared receive queue could "
-                                      "not move (qp {} on it works and cannot follow)",
-                                      healthy.qp->vqpn);
   for (Protection* q : members) {
     const bool peer_asked = std::any_of(passives.begin(), passives.end(),
                                         [&](const auto& m) { return m.q == q; });
@@ -134,15 +137,6 @@ void switch_srq_group(Engine& e, SrqGroup& g, int target, FailoverReason reason,
                  srq.app_srq->handle, blocked.size());
     return;
   }
-  if (reason != FailoverReason::kFailback) {
-    const auto healthy = std::find_if(blocked.begin(), blocked.end(), [&](const Protection* q) {
-      return !member_path_failed(*q, passive_of(q) != nullptr);
-    });
-    if (healthy != blocked.end()) {
-      movers.insert(movers.end(), blocked.begin(), blocked.end());
-      return stay_for_healthy_member(e, g, std::move(movers), **healthy, passives);
-    }
-  }
   if (!waiting.empty()) {
     const std::uint64_t now = monotonic_ns();
     if (!g.pending.active) {
@@ -162,15 +156,31 @@ void switch_srq_group(Engine& e, SrqGroup& g, int target, FailoverReason reason,
     }
     for (Protection* q : waiting) blocked.push_back(q);  // waited long enough
   }
+  std::vector<Protection*> all = movers;
+  all.insert(all.end(), blocked.begin(), blocked.end());
+  if (reason != FailoverReason::kFailback) {
+    // A member that cannot follow and whose own path works would starve (issue 19 item 2).
+    const auto healthy = std::find_if(blocked.begin(), blocked.end(), [&](const Protection* q) {
+      return !member_path_failed(*q, passive_of(q) != nullptr);
+    });
+    if (healthy != blocked.end()) {
+      const std::uint32_t vqpn = (*healthy)->qp->vqpn;
+      VF_LOG_WARN("srq {:#x}: stays on the {} path: qp {} on it works there and has no usable "
+                  "{} path; the QPs on it whose connection failed get their errors",
+                  srq.app_srq->handle, path_name(srq.active_path()), vqpn, path_name(target));
+      return stay_put(e, g, all, passives,
+                      fmt::format("its connection failed and its shared receive queue could not "
+                                  "move (qp {} on it works and cannot follow)",
+                                  vqpn));
+    }
+  }
   g.pending = {};
   const int from = srq.active_path();
   if (from != target && srq.may_hold_stale[target] && !sweep_srq(e, g, target)) {
     if (reason == FailoverReason::kFailback) return;
-    for (Protection* q : movers) {
-      give_up_member(e, *q, "its shared receive queue could not move: the other path's SRQ could "
-                            "not be swept");
-    }
-    return;
+    return stay_put(e, g, all, passives,
+                    "its connection failed and its shared receive queue could not move (the "
+                    "other path's SRQ could not be swept)");
   }
   srq.set_holding(true);
   for (Protection* q : blocked) {

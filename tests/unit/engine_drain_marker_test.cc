@@ -13,17 +13,19 @@
 
 namespace {
 
-// The marker's fate on the primary's QP: taken by post_recv, then flushed by the provider's
-// poll once `flush_after_polls` polls have found nothing (0: the first poll writes it; never
-// when negative). `starve_first_poll` makes the first poll after the marker return nothing only
-// once the drain's whole wait has passed: the engine's thread was starved of the CPU while the
-// flush came.
+// The markers' fate on the primary's QP: each one taken by post_recv is flushed by the
+// provider's poll once `flush_after_polls` polls have found nothing (0: the first poll writes it;
+// never when negative), up to `flush_limit` flushes in all. `starve_first_poll` makes the first
+// poll after a marker return nothing only once the drain's whole wait has passed: the engine's
+// thread was starved of the CPU while the flush came.
 struct MarkerProvider {
   int markers_posted = 0;
+  int flushes_written = 0;
   int polls_without_flush = 0;
   int flush_after_polls = 0;
+  int flush_limit = 1 << 30;
   bool starve_first_poll = false;
-  bool flushed = false;
+  bool all_flushed() const { return markers_posted > 0 && flushes_written == markers_posted; }
 };
 MarkerProvider g_marker;
 
@@ -35,7 +37,7 @@ int marker_post_recv(ibv_qp*, ibv_recv_wr* wr, ibv_recv_wr**) {
 }
 
 int marker_poll_cq(ibv_cq*, int num_entries, ibv_wc* wc) {
-  if (g_marker.markers_posted == 0 || g_marker.flushed || num_entries < 1) return 0;
+  if (g_marker.flushes_written == g_marker.markers_posted) return 0;
   if (g_marker.starve_first_poll) {
     g_marker.starve_first_poll = false;
     const std::uint64_t until =
@@ -47,12 +49,17 @@ int marker_poll_cq(ibv_cq*, int num_entries, ibv_wc* wc) {
       g_marker.polls_without_flush++ < g_marker.flush_after_polls) {
     return 0;
   }
-  g_marker.flushed = true;
-  wc[0] = ibv_wc{};
-  wc[0].wr_id = vf::kDrainMarkerWrId;
-  wc[0].status = IBV_WC_WR_FLUSH_ERR;
-  wc[0].qp_num = 17;
-  return 1;
+  int n = 0;
+  while (n < num_entries && g_marker.flushes_written < g_marker.markers_posted &&
+         g_marker.flushes_written < g_marker.flush_limit) {
+    ++g_marker.flushes_written;
+    wc[n] = ibv_wc{};
+    wc[n].wr_id = vf::kDrainMarkerWrId;
+    wc[n].status = IBV_WC_WR_FLUSH_ERR;
+    wc[n].qp_num = 17;
+    ++n;
+  }
+  return n;
 }
 
 // The rig's QP 17 found by its number, as the datapath finds a completion's QP, and the
@@ -92,7 +99,7 @@ TEST_CASE("A device that once missed the marker's deadline is given the marker a
   m.device().marker_retry_at_ns = vf::monotonic_ns();  // its back-off has passed
   m.drain();
   CHECK(g_marker.markers_posted == 1);
-  CHECK(g_marker.flushed);
+  CHECK(g_marker.all_flushed());
   CHECK(m.device().marker_flush == vf::failover::Device::MarkerFlush::kYes);
 }
 
@@ -112,7 +119,7 @@ TEST_CASE("A drain starved of the CPU past its deadline looks once more before g
   g_marker.starve_first_poll = true;
   m.drain();
   CHECK(g_marker.markers_posted == 1);
-  CHECK(g_marker.flushed);
+  CHECK(g_marker.all_flushed());
   CHECK(m.device().marker_flush == vf::failover::Device::MarkerFlush::kYes);
 }
 
@@ -143,4 +150,21 @@ TEST_CASE("Each deadline missed in a row doubles the device's back-off, up to a 
   m.drain();
   CHECK(m.device().marker_flush == vf::failover::Device::MarkerFlush::kYes);
   CHECK(m.device().marker_backoff_ns == 0);
+}
+
+TEST_CASE("A late flush of an earlier drain's marker does not end a later drain early",
+          "[engine]") {
+  MarkerRig m;
+  g_marker.flush_after_polls = -1;  // the first drain's marker is not flushed in time
+  m.drain();
+  REQUIRE(m.device().marker_flush == vf::failover::Device::MarkerFlush::kNo);
+  // Its flush comes after all, and the next marker's never does: the next drain must wait for
+  // its own, not take the old one for it.
+  g_marker.flush_after_polls = 0;
+  g_marker.flush_limit = 1;
+  m.device().marker_retry_at_ns = 0;
+  m.drain();
+  CHECK(g_marker.markers_posted == 2);
+  CHECK(g_marker.flushes_written == 1);
+  CHECK(m.device().marker_flush == vf::failover::Device::MarkerFlush::kNo);
 }

@@ -122,6 +122,18 @@ struct GroupRig {
     wc.byte_len = 8;
     g_cq_entries[&cq2].push_back(wc);
   }
+  // QP 19's peer answers the switch request QP 19 sent when it moved along.
+  void answer_qp2_request() {
+    for (const vf::FailoverRequest& request : rig.sent<vf::FailoverRequest>()) {
+      if (request.local.qpn != 19) continue;
+      vf::FailoverReply reply;
+      reply.local = request.remote;
+      reply.remote = request.local;
+      reply.epoch = request.epoch;
+      reply.target_path = request.target_path;
+      rig.receive(reply);
+    }
+  }
   bool moved_to_error(const ibv_qp* qp) const {
     for (const ModifyCall& call : g_modifies) {
       if (call.qp == qp && call.state == IBV_QPS_ERR) return true;
@@ -184,4 +196,89 @@ TEST_CASE("A member left behind by its SRQ's move keeps its unpolled receives of
   CHECK(g_srq_posts[vf::kStandby].size() == 1);
   // The application still gets 0x20's message.
   CHECK(g.polled(*g.cq2_state) == std::vector<std::uint64_t>{0x20});
+}
+
+TEST_CASE("A member still pairing when the SRQ's wait runs out keeps the SRQ where it is",
+          "[engine]") {
+  GroupRig g;
+  REQUIRE(g.post(0x30) == 0);
+  // QP 19 was connected a moment ago: its pairing is in flight, its own path works.
+  g.p2->paired = false;
+  g.p2->pairing = true;
+  g.rig.deliver(g.rig.request_from_peer(1));
+  REQUIRE(g.group->pending.active);  // the move waits for the pairing, at most 1 s
+  CHECK(g.rig.sent<vf::FailoverReply>().empty());
+  // The wait runs out (the test does not sleep through it) and periodic_work retries the move.
+  g.group->pending.since_ns = 0;
+  vf::failover::switch_srq_group(*g.rig.e, *g.group, g.group->pending.target,
+                                 g.group->pending.reason, nullptr, 0, 0);
+  CHECK_FALSE(g.group->pending.active);
+  CHECK_FALSE(g.moved_to_error(&g.app_qp2));
+  CHECK(g.v2->mode() == vf::PostMode::kDirect);
+  CHECK(g.group->srq->active_path() == vf::kPrimary);
+  CHECK(g_srq_posts[vf::kStandby].empty());
+  // QP 17's peer is answered: the pair is over, and QP 17 fails as without the shim.
+  CHECK(g.rig.v->application_failed.load());
+  CHECK_FALSE(g.rig.sent<vf::PairEnded>().empty());
+}
+
+TEST_CASE("A member given up on its standby takes its application's QP down with it",
+          "[engine]") {
+  GroupRig g;
+  REQUIRE(g.post(0x40) == 0);
+  // Both QPs and the SRQ run on the standby; QP 17's primary is re-armed, QP 19's is not.
+  g.rig.deliver(g.rig.request_from_peer(1));
+  REQUIRE(g.group->srq->active_path() == vf::kStandby);
+  g.answer_qp2_request();
+  REQUIRE(g.v2->active_path() == vf::kStandby);
+  REQUIRE_FALSE(g.p2->sw.in_progress);
+  g.v2->path[vf::kPrimary].connected = false;
+  g_modifies.clear();
+  // The standby's port goes down under both: QP 19 cannot go back, QP 17 can.
+  g.rig.v->path[vf::kStandby].failed = true;
+  g.v2->path[vf::kStandby].failed = true;
+  g.rig.v->path[vf::kPrimary].connected = true;
+  g.rig.v->path[vf::kPrimary].failed = false;
+  g.group->srq->may_hold_stale[vf::kPrimary] = false;  // nothing to sweep there
+  vf::failover::start_switch(*g.rig.e, *g.rig.p, vf::kPrimary, vf::FailoverReason::kPortDown);
+  REQUIRE(g.group->srq->active_path() == vf::kPrimary);
+  // QP 19 fails as it would have: its standby and its application's QP in ERR, its posts
+  // going to the application's QP (whose completions are the application's).
+  CHECK(g.moved_to_error(&g.standby_qp2));
+  CHECK(g.moved_to_error(&g.app_qp2));
+  CHECK(g.v2->active_path() == vf::kPrimary);
+  CHECK(g.v2->mode() == vf::PostMode::kBypass);
+  CHECK(g.v2->application_failed.load());
+}
+
+ibv_cq* no_cq(ibv_context*, int, void*, ibv_comp_channel*, int) {
+  return nullptr;
+}
+
+TEST_CASE("An SRQ that cannot sweep the other path's SRQ stays and keeps its working members",
+          "[engine]") {
+  GroupRig g;
+  REQUIRE(g.post(0x50) == 0);
+  g.rig.deliver(g.rig.request_from_peer(1));
+  REQUIRE(g.group->srq->active_path() == vf::kStandby);
+  g.answer_qp2_request();
+  REQUIRE_FALSE(g.p2->sw.in_progress);
+  REQUIRE(g.group->srq->may_hold_stale[vf::kPrimary]);
+  // Both primaries re-armed; QP 17's peer loses its standby port and asks to go back, but the
+  // primary SRQ, which may hold stale receives, cannot be swept.
+  for (vf::VirtualQp* v : {g.rig.v, g.v2}) {
+    v->path[vf::kPrimary].connected = true;
+    v->path[vf::kPrimary].failed = false;
+  }
+  g.rig.e->verbs.create_cq = no_cq;
+  vf::FailoverRequest back = g.rig.request_from_peer(2);
+  back.target_path = vf::kPrimary;
+  g.rig.deliver(back);
+  CHECK(g.group->srq->active_path() == vf::kStandby);
+  // QP 19 works on the standby and stays there, untouched; QP 17 fails as without the shim.
+  CHECK(g.v2->active_path() == vf::kStandby);
+  CHECK(g.v2->mode() == vf::PostMode::kRouted);
+  CHECK(g.p2->unprotected_reason.empty());
+  CHECK(g.rig.v->application_failed.load());
+  CHECK_FALSE(g.rig.sent<vf::PairEnded>().empty());
 }
