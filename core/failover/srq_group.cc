@@ -135,6 +135,23 @@ void switch_srq_group(Engine& e, SrqGroup& g, int target, FailoverReason reason,
   if (reason == FailoverReason::kFailback && !blocked.empty()) {
     VF_LOG_DEBUG("srq {:#x}: failback waits for {} more QP(s) to be re-connected",
                  srq.app_srq->handle, blocked.size());
+    // A peer that asked is answered when the move happens (periodic_work retries it), for as
+    // long as its switch waits for the answer; after that it has given up, and so does the move.
+    if (passives.empty()) return;
+    const std::uint64_t now = monotonic_ns();
+    if (!g.pending.active) g.pending.since_ns = now;
+    if (now - g.pending.since_ns > kSwitchAnswerTimeoutNs) {
+      VF_LOG_WARN("srq {:#x}: the failback asked by the peer of qp {} did not happen within {} s "
+                  "({} QP(s) on it not re-connected)",
+                  srq.app_srq->handle, passives.front().q->qp->vqpn,
+                  kSwitchAnswerTimeoutNs / 1'000'000'000, blocked.size());
+      g.pending = {};
+      return;
+    }
+    g.pending.active = true;
+    g.pending.target = target;
+    g.pending.reason = reason;
+    g.pending.passives = std::move(passives);
     return;
   }
   if (!waiting.empty()) {

@@ -282,3 +282,38 @@ TEST_CASE("An SRQ that cannot sweep the other path's SRQ stays and keeps its wor
   CHECK(g.rig.v->application_failed.load());
   CHECK_FALSE(g.rig.sent<vf::PairEnded>().empty());
 }
+
+TEST_CASE("A failback the peer asks for waits for the SRQ's other QPs and is answered then",
+          "[engine]") {
+  GroupRig g;
+  REQUIRE(g.post(0x60) == 0);
+  g.rig.deliver(g.rig.request_from_peer(1));
+  g.answer_qp2_request();
+  REQUIRE(g.group->srq->active_path() == vf::kStandby);
+  // QP 17's primary is re-armed, QP 19's not yet; QP 17's peer asks to fail back.
+  g.rig.v->path[vf::kPrimary].connected = true;
+  g.rig.v->path[vf::kPrimary].failed = false;
+  g.v2->path[vf::kPrimary].connected = false;
+  g.group->srq->may_hold_stale[vf::kPrimary] = false;  // nothing to sweep there
+  auto answers_to_failback = [&] {
+    std::vector<vf::FailoverReply> out;
+    for (const vf::FailoverReply& reply : g.rig.sent<vf::FailoverReply>()) {
+      if (reply.epoch == 2) out.push_back(reply);
+    }
+    return out;
+  };
+  g.rig.deliver(g.rig.failback_request_from_peer(2));
+  CHECK(g.group->srq->active_path() == vf::kStandby);
+  CHECK(answers_to_failback().empty());
+  REQUIRE(g.group->pending.active);
+  // QP 19's primary is re-armed: periodic_work's retry moves the SRQ and answers the peer.
+  g.v2->path[vf::kPrimary].connected = true;
+  vf::failover::switch_srq_group(*g.rig.e, *g.group, g.group->pending.target,
+                                 g.group->pending.reason, nullptr, 0, 0);
+  CHECK(g.group->srq->active_path() == vf::kPrimary);
+  CHECK(g.rig.v->active_path() == vf::kPrimary);
+  const auto replies = answers_to_failback();
+  REQUIRE(replies.size() == 1);
+  CHECK(replies[0].local.qpn == 17);
+  CHECK(replies[0].target_path == vf::kPrimary);
+}
