@@ -237,7 +237,7 @@ static void wait_port_seen(long (*changes)(const char*, int), const char* device
   const uint64_t deadline = now_ms() + WAIT_MS;
   while (changes(device, 1) <= before) {
     if (now_ms() > deadline) {
-      fail("the shim did not see %s come back within %d ms", device, WAIT_MS);
+      fail("the shim's port monitor did not see %s change within %d ms", device, WAIT_MS);
       return;
     }
     fake_progress();
@@ -253,8 +253,12 @@ static int double_failure_heal(void) {
       (long (*)(const char*, int))dlsym(RTLD_DEFAULT, "verbs_failover_debug_port_changes");
   if (set_rearm_retry_ms != NULL && set_rearm_retry_ms(REARM_RETRY_MS) != 0)
     setup_fail("verbs_failover_debug_set_rearm_retry_ms(%d)", REARM_RETRY_MS);
+  const long before_cut = port_changes ? port_changes("fake0", 1) : 0;
   connect_and_fail_over(1);
   if (g_failures) return 1;
+  /* The monitor reads a port's state when it gets to the event: one that reads fake0 only after
+     the heal would see no change at all, and the wait for the heal below would never end. */
+  wait_port_seen(port_changes, "fake0", before_cut);
   post_recv_slot(&g_b, 2);
   post_recv_slot(&g_b, 3);
   if (g_port_down(1) != 0) setup_fail("fake_verbs_port_down(1)");
