@@ -168,22 +168,30 @@ struct Rig {
     shadow_cq.cqe = 64;
     cq_state->shadow = &shadow_cq;
     cq_state->shadow_device_index = 1;
+    p = &add_protected_qp(&app_qp, &standby_qp, cq_state.get(), {33, gid(3)}, 100, 200);
+    v = p->qp.get();
+  }
+
+  // A protected QP of fake0 (app_qp, 16 requests and receives of one SGE) with its standby on
+  // fake1 on `cq`, both paths connected (with these PSNs), paired with `remote` in this process.
+  Protection& add_protected_qp(ibv_qp* app, ibv_qp* standby, vf::CqState* cq, vf::QpKey remote,
+                               std::uint32_t primary_psn, std::uint32_t standby_psn) {
     ibv_qp_cap cap{};
     cap.max_send_wr = cap.max_recv_wr = 16;
     cap.max_send_sge = cap.max_recv_sge = 1;
     cap.max_inline_data = 64;
-    auto qp = std::make_unique<vf::VirtualQp>(&app_qp, &g_ops, cap, false, cq_state.get(),
-                                              cq_state.get());
-    v = qp.get();
-    v->path[vf::kPrimary] = {&app_qp, 0, 1, 0, gid(1), 100, true, false};
-    v->path[vf::kStandby] = {&standby_qp, 1, 1, 0, gid(2), 200, true, false};
-    p = &e->protections[v];
-    p->qp = std::move(qp);
-    p->local = {17, gid(1)};
-    p->remote = {33, gid(3)};
-    p->remote_known = true;
-    p->paired = true;
-    p->peer.local = true;
+    auto qp = std::make_unique<vf::VirtualQp>(app, &g_ops, cap, false, cq, cq);
+    vf::VirtualQp* added = qp.get();
+    added->path[vf::kPrimary] = {app, 0, 1, 0, gid(1), primary_psn, true, false};
+    added->path[vf::kStandby] = {standby, 1, 1, 0, gid(2), standby_psn, true, false};
+    Protection& protection = e->protections[added];
+    protection.qp = std::move(qp);
+    protection.local = {app->qp_num, gid(1)};
+    protection.remote = remote;
+    protection.remote_known = true;
+    protection.paired = true;
+    protection.peer.local = true;
+    return protection;
   }
 
   ~Rig() { vf::set_datapath_services(saved_services); }

@@ -76,22 +76,8 @@ struct GroupRig {
     cq2.context = &rig.contexts[0];
     cq2.cqe = 64;
     cq2_state = std::make_unique<vf::CqState>(&cq2, 0, &g_ops, 2 * 64 + 64);
-    ibv_qp_cap cap{};
-    cap.max_send_wr = cap.max_recv_wr = 16;
-    cap.max_send_sge = cap.max_recv_sge = 1;
-    cap.max_inline_data = 64;
-    auto qp = std::make_unique<vf::VirtualQp>(&app_qp2, &g_ops, cap, false, cq2_state.get(),
-                                              cq2_state.get());
-    v2 = qp.get();
-    v2->path[vf::kPrimary] = {&app_qp2, 0, 1, 0, gid(1), 101, true, false};
-    v2->path[vf::kStandby] = {&standby_qp2, 1, 1, 0, gid(2), 201, true, false};
-    p2 = &rig.e->protections[v2];
-    p2->qp = std::move(qp);
-    p2->local = {19, gid(1)};
-    p2->remote = {35, gid(4)};
-    p2->remote_known = true;
-    p2->paired = true;
-    p2->peer.local = true;
+    p2 = &rig.add_protected_qp(&app_qp2, &standby_qp2, cq2_state.get(), {35, gid(4)}, 101, 201);
+    v2 = p2->qp.get();
 
     rig.v->srq = v2->srq = group->srq.get();
     group->members = {rig.v, v2};
