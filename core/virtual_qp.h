@@ -363,7 +363,14 @@ inline int CqState::poll(int num_entries, ibv_wc* wc) {
     return poll_merged_locked(num_entries, wc);
   }
   int polled = provider->poll_cq(app_cq, num_entries, wc);
-  if (polled > 0) polled = keep_for_application_locked(kPrimary, polled, wc);
+  if (polled > 0) {
+    const int kept = keep_for_application_locked(kPrimary, polled, wc);
+    // A full batch of the shim's own completions says nothing of what follows it.
+    if (__builtin_expect(kept == 0 && polled == num_entries, 0)) {
+      return poll_merged_locked(num_entries, wc);
+    }
+    polled = kept;
+  }
   lock.unlock();
   return polled;
 }

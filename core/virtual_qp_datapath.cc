@@ -600,17 +600,27 @@ int CqState::poll_merged_locked(int num_entries, ibv_wc* wc) {
     total = stash.pop(num_entries, wc);
     if (stash.size() == 0) stash_nonempty.store(false, std::memory_order_relaxed);
   }
-  if (total < num_entries) {
-    const int polled = poll_physical(kPrimary, num_entries - total, wc + total);
-    if (polled < 0 && total == 0) {
-      lock.unlock();
-      return polled;
+  // A batch the shim hid whole (drain markers, a left path's flushes, replayed requests'
+  // completions) says nothing of what follows it in the provider's CQ: each path is polled again
+  // while its batches come back full, so that 0 means nothing of the application's is left (an
+  // application that re-arms and sleeps on a 0 would strand its completions: issue 19 item 4).
+  // Bounded: the shim's own completions in a CQ are finite.
+  for (int p = kPrimary; p <= kStandby && total < num_entries; ++p) {
+    if (p == kStandby && !shadow_active.load(std::memory_order_relaxed)) break;
+    for (;;) {
+      const int wanted = num_entries - total;
+      int raw = 0;
+      const int kept = poll_physical(p, wanted, wc + total, &raw);
+      if (kept < 0) {
+        if (p == kPrimary && total == 0) {
+          lock.unlock();
+          return kept;
+        }
+        break;
+      }
+      total += kept;
+      if (raw < wanted || total == num_entries) break;
     }
-    if (polled > 0) total += polled;
-  }
-  if (shadow_active.load(std::memory_order_relaxed) && total < num_entries) {
-    const int standby = poll_physical(kStandby, num_entries - total, wc + total);
-    if (standby > 0) total += standby;
   }
   lock.unlock();
   return total;
