@@ -254,6 +254,7 @@ class VirtualQp {
   bool drain_marker_seen(int path) const { return drain_marker_seen_[path]; }
   void clear_drain_marker(int path) { drain_marker_seen_[path] = false; }
   RetransmitRing& send_ring() { return send_ring_; }
+  const RetransmitRing& send_ring() const { return send_ring_; }
   ReceiveRing& recv_ring() { return recv_ring_; }
   // Posts what the rings hold beyond what the active path already has. Returns false when a
   // remote key has no translation yet (the engine fetches it and calls again).

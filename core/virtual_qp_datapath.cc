@@ -492,7 +492,9 @@ bool VirtualQp::on_completion_locked(CqState& cq, int p, ibv_wc& wc) {
       drain_marker_seen_[p] = true;  // the engine's, never the application's
       return false;
     }
-    if (mode_ != PostMode::kBypass) return on_error_completion(cq, p, wc);
+    // A standby error is never passed through as it is (its wr_id is the ring's): a QP given up
+    // on its standby (srq_group.cc) still gets the standby's late flushes, translated.
+    if (mode_ != PostMode::kBypass || p == kStandby) return on_error_completion(cq, p, wc);
     if (srq != nullptr) retire_srq_receive_error(cq, p, wc);
     return true;
   }

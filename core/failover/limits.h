@@ -20,6 +20,11 @@ constexpr std::uint64_t kRearmRetryNs = 5'000'000'000;
 constexpr int kMaxGidScan = 16;
 constexpr int kPairingRounds = 6;
 constexpr std::uint64_t kSwitchAnswerTimeoutNs = 10'000'000'000;
+// How long a failback a peer asked for waits for the other QPs of its SRQ to be re-connected
+// (srq_group.cc) before the peer is told the pair is over: well inside the peer's own wait for
+// the answer, which began earlier (its drain, the message's way here).
+constexpr std::uint64_t kSrqFailbackWaitNs = kSwitchAnswerTimeoutNs / 2;
+static_assert(kSrqFailbackWaitNs + 2 * 1'000'000'000ull < kSwitchAnswerTimeoutNs);
 constexpr std::uint64_t kSweepTimeoutNs = 2'000'000'000;
 // How long an SRQ's move waits for a member whose pairing is in flight (a peer's answer takes a
 // round trip; one that has not come in a second is a peer without the shim, or unreachable).

@@ -238,17 +238,8 @@ void release_held_errors(Protection& p) {
   }
 }
 
-void abort_switch(Protection& p, const char* why) {
-  VirtualQp& v = *p.qp;
-  VF_LOG_ERROR(
-      "qp {}: the switch to the {} path cannot complete ({}); the application sees the "
-      "failure",
-      v.vqpn, path_name(p.sw.to), why);
-  // Requests posted during the attempt reached no QP: each completes as the application's QP in
-  // ERR would have completed it, with a flush, signaled or not (a device reports every flushed
-  // WR, so that its owner can reclaim the buffers: rxe's flush_send_queue, mlx5 alike).
+std::vector<ibv_wc> unposted_request_flushes_locked(const VirtualQp& v) {
   std::vector<ibv_wc> flushed;
-  v.lock().lock();
   v.send_ring().for_each_from(v.next_send_to_post(), [&](const SendRecord& record) {
     ibv_wc wc{};
     wc.wr_id = record.wr.wr_id;
@@ -258,6 +249,20 @@ void abort_switch(Protection& p, const char* why) {
     flushed.push_back(wc);
     return true;
   });
+  return flushed;
+}
+
+void abort_switch(Protection& p, const char* why) {
+  VirtualQp& v = *p.qp;
+  VF_LOG_ERROR(
+      "qp {}: the switch to the {} path cannot complete ({}); the application sees the "
+      "failure",
+      v.vqpn, path_name(p.sw.to), why);
+  // Requests posted during the attempt reached no QP: each completes as the application's QP in
+  // ERR would have completed it, with a flush, signaled or not (a device reports every flushed
+  // WR, so that its owner can reclaim the buffers: rxe's flush_send_queue, mlx5 alike).
+  v.lock().lock();
+  const std::vector<ibv_wc> flushed = unposted_request_flushes_locked(v);
   v.set_holding(false);
   v.set_mode(PostMode::kBypass);
   // Pass-through posts go to the application's own QP: its completions (flushes, on a dead

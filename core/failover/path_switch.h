@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/failover/engine_state.h"
 
@@ -38,6 +39,11 @@ void release_held_errors(Protection& p);
 // completions (held), and a flush error for every signaled request it posted during the switch
 // that reached no QP.
 void abort_switch(Protection& p, const char* why);
+
+// Requests recorded but never posted (a switch held them, or a key's translation is missing)
+// reached no QP: a flush completion for each, as a QP in ERR would have completed it, in order.
+// Under the QP's lock.
+std::vector<ibv_wc> unposted_request_flushes_locked(const VirtualQp& v);
 
 // The initiator's half begun (begin_switch): the peer is asked to switch too, with our count
 // (FailoverRequest); a peer that cannot be reached aborts the switch.

@@ -138,6 +138,7 @@ struct SrqGroup {
     Protection* q = nullptr;
     std::uint32_t epoch = 0;
     std::uint64_t delivered = 0;
+    std::uint64_t asked_ns = 0;  // when its request came (a failback waits kSrqFailbackWaitNs)
   };
   struct PendingMove {
     bool active = false;

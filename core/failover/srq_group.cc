@@ -42,16 +42,23 @@ void give_up_member(Engine& e, Protection& q, const std::string& why) {
   release_held_errors(q);  // the flushes the drain held (a QP on its standby records them)
   if (path == kStandby) {
     // Pass-through posts go to the application's own QP, which may have been re-armed: it fails
-    // too, and its completions are the application's (as abort_switch does).
-    to_error(e, v.path[kPrimary].qp, true);
-    v.lock().lock();
-    v.set_active_path(kPrimary);
-    v.set_accepting(kPrimary, true);
-    v.lock().unlock();
+    // too, and its completions are the application's (as abort_switch does). The standby's
+    // flushes that come later are translated (on_completion_locked: a standby error is never
+    // passed through as it is).
+    if (!to_error(e, v.path[kPrimary].qp, true)) {
+      VF_LOG_WARN("qp {}: moving its own QP to ERR failed; its posts go there", v.vqpn);
+    }
   }
   v.lock().lock();
+  const std::vector<ibv_wc> unposted = unposted_request_flushes_locked(v);
+  v.set_holding(false);
+  v.set_active_path(kPrimary);
+  v.set_accepting(kPrimary, true);
   v.set_mode(PostMode::kBypass);
   v.lock().unlock();
+  v.send_cq->lock.lock();
+  for (const ibv_wc& wc : unposted) v.send_cq->stash_for_application(wc);
+  v.send_cq->lock.unlock();
   v.link_error_seen.store(false);  // its errors are the application's: no switch is due
   end_pair(e, q, why);
 }
@@ -103,6 +110,7 @@ void switch_srq_group(Engine& e, SrqGroup& g, int target, FailoverReason reason,
     if (known == passives.end()) known = passives.insert(passives.end(), {passive});
     known->epoch = passive_epoch;
     known->delivered = passive_delivered;
+    known->asked_ns = monotonic_ns();
   }
   auto passive_of = [&](const Protection* q) -> const SrqGroup::PassiveMember* {
     for (const auto& m : passives) {
@@ -115,7 +123,8 @@ void switch_srq_group(Engine& e, SrqGroup& g, int target, FailoverReason reason,
     auto it = e.protections.find(member);
     if (it == e.protections.end()) continue;
     Protection& q = it->second;
-    if (passive_of(&q) != nullptr && srq_member_in_use(q) && !q.sw.in_progress) {
+    if (passive_of(&q) != nullptr && srq_member_in_use(q) && !q.sw.in_progress && q.paired &&
+        !q.ended) {
       movers.push_back(&q);
       continue;
     }
@@ -135,19 +144,21 @@ void switch_srq_group(Engine& e, SrqGroup& g, int target, FailoverReason reason,
   if (reason == FailoverReason::kFailback && !blocked.empty()) {
     VF_LOG_DEBUG("srq {:#x}: failback waits for {} more QP(s) to be re-connected",
                  srq.app_srq->handle, blocked.size());
-    // A peer that asked is answered when the move happens (periodic_work retries it), for as
-    // long as its switch waits for the answer; after that it has given up, and so does the move.
-    if (passives.empty()) return;
+    // A peer that asked is answered when the move happens (periodic_work retries it), within
+    // kSrqFailbackWaitNs of its request, well before its switch stops waiting for the answer;
+    // after that it is told the pair is over rather than left to time out.
     const std::uint64_t now = monotonic_ns();
-    if (!g.pending.active) g.pending.since_ns = now;
-    if (now - g.pending.since_ns > kSwitchAnswerTimeoutNs) {
-      VF_LOG_WARN("srq {:#x}: the failback asked by the peer of qp {} did not happen within {} s "
-                  "({} QP(s) on it not re-connected)",
-                  srq.app_srq->handle, passives.front().q->qp->vqpn,
-                  kSwitchAnswerTimeoutNs / 1'000'000'000, blocked.size());
-      g.pending = {};
-      return;
-    }
+    std::erase_if(passives, [&](const SrqGroup::PassiveMember& m) {
+      if (now - m.asked_ns <= kSrqFailbackWaitNs) return false;
+      VF_LOG_WARN("srq {:#x}: the failback the peer of qp {} asked for cannot happen within {} s "
+                  "({} QP(s) on it not re-connected); the pair ends",
+                  srq.app_srq->handle, m.q->qp->vqpn, kSrqFailbackWaitNs / 1'000'000'000,
+                  blocked.size());
+      answer_pair_ended(e, *m.q);
+      return true;
+    });
+    g.pending = {};
+    if (passives.empty()) return;
     g.pending.active = true;
     g.pending.target = target;
     g.pending.reason = reason;
@@ -194,7 +205,11 @@ void switch_srq_group(Engine& e, SrqGroup& g, int target, FailoverReason reason,
   g.pending = {};
   const int from = srq.active_path();
   if (from != target && srq.may_hold_stale[target] && !sweep_srq(e, g, target)) {
-    if (reason == FailoverReason::kFailback) return;
+    if (reason == FailoverReason::kFailback) {
+      // Nothing moves; a peer that asked must not wait for an answer that will not come.
+      for (const SrqGroup::PassiveMember& m : passives) answer_pair_ended(e, *m.q);
+      return;
+    }
     return stay_put(e, g, all, passives,
                     "its connection failed and its shared receive queue could not move (the "
                     "other path's SRQ could not be swept)");

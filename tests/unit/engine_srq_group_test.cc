@@ -237,6 +237,51 @@ TEST_CASE("A member given up on its standby takes its application's QP down with
   CHECK(g.v2->application_failed.load());
 }
 
+TEST_CASE("A standby flush that comes after its QP was given up reaches the application as its own",
+          "[engine]") {
+  GroupRig g;
+  g.rig.deliver(g.rig.request_from_peer(1));
+  g.answer_qp2_request();
+  REQUIRE(g.v2->active_path() == vf::kStandby);
+  // QP 19 sends on the standby: the standby QP gets the ring's sequence as its wr_id.
+  char payload[8] = "message";
+  ibv_sge sge{reinterpret_cast<std::uintptr_t>(payload), sizeof payload, 0};
+  ibv_send_wr wr{};
+  wr.wr_id = 0x4242;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_SEND;
+  wr.send_flags = IBV_SEND_INLINE | IBV_SEND_SIGNALED;
+  ibv_send_wr* bad = nullptr;
+  REQUIRE(g.v2->post_send(&wr, &bad) == 0);
+  std::uint64_t sequence = 0;
+  for (const PostCall& call : g_posts) {
+    if (call.qp == &g.standby_qp2) sequence = call.wr_id;
+  }
+  REQUIRE(sequence != 0);
+  // The standby's port goes down; QP 19 cannot go back (its primary is not re-connected).
+  g.v2->path[vf::kPrimary].connected = false;
+  g.rig.v->path[vf::kStandby].failed = true;
+  g.v2->path[vf::kStandby].failed = true;
+  g.rig.v->path[vf::kPrimary].connected = true;
+  g.rig.v->path[vf::kPrimary].failed = false;
+  g.group->srq->may_hold_stale[vf::kPrimary] = false;
+  vf::failover::start_switch(*g.rig.e, *g.rig.p, vf::kPrimary, vf::FailoverReason::kPortDown);
+  REQUIRE(g.v2->mode() == vf::PostMode::kBypass);
+  // The standby writes the send's flush only now (rxe's completer runs later).
+  ibv_wc wc{};
+  wc.wr_id = sequence;
+  wc.status = IBV_WC_WR_FLUSH_ERR;
+  wc.opcode = IBV_WC_SEND;
+  wc.qp_num = 20;
+  g.v2->lock().lock();
+  const bool shown = g.v2->on_completion_locked(*g.cq2_state, vf::kStandby, wc);
+  g.v2->lock().unlock();
+  CHECK(shown);
+  CHECK(wc.wr_id == 0x4242);
+  CHECK(wc.qp_num == 19);
+}
+
 ibv_cq* no_cq(ibv_context*, int, void*, ibv_comp_channel*, int) {
   return nullptr;
 }
@@ -302,4 +347,27 @@ TEST_CASE("A failback the peer asks for waits for the SRQ's other QPs and is ans
   REQUIRE(replies.size() == 1);
   CHECK(replies[0].local.qpn == 17);
   CHECK(replies[0].target_path == vf::kPrimary);
+}
+
+TEST_CASE("A failback that waited too long for the SRQ's other QPs tells the peer the pair ended",
+          "[engine]") {
+  GroupRig g;
+  g.rig.deliver(g.rig.request_from_peer(1));
+  g.answer_qp2_request();
+  g.rig.v->path[vf::kPrimary].connected = true;
+  g.rig.v->path[vf::kPrimary].failed = false;
+  g.v2->path[vf::kPrimary].connected = false;
+  g.rig.deliver(g.rig.failback_request_from_peer(2));
+  REQUIRE(g.group->pending.active);
+  REQUIRE(g.group->pending.passives.size() == 1);
+  CHECK(g.rig.sent<vf::PairEnded>().empty());
+  // Its wait runs out (the test does not sleep through it); QP 19 is still not re-connected.
+  g.group->pending.passives[0].asked_ns = 0;
+  vf::failover::switch_srq_group(*g.rig.e, *g.group, g.group->pending.target,
+                                 g.group->pending.reason, nullptr, 0, 0);
+  CHECK_FALSE(g.group->pending.active);
+  CHECK(g.group->srq->active_path() == vf::kStandby);
+  // The peer is told now, well before its own wait for the answer ends.
+  CHECK_FALSE(g.rig.sent<vf::PairEnded>().empty());
+  CHECK(g.rig.p->ended);
 }
