@@ -35,11 +35,12 @@ bool srq_member_in_use(const Protection& q) {
 void give_up_member(Engine& e, Protection& q, const std::string& why) {
   VirtualQp& v = *q.qp;
   const int path = v.active_path();
-  release_held_errors(q);  // the errors held so far come before the flushes below
+  // The errors held so far come before the flushes below; and with the QP failed for good
+  // (release_held_errors says so), the drain holds none: each goes to the application.
+  release_held_errors(q);
   to_error(e, v.path[path].qp, path == kPrimary);
   v.send_cq->drain_into_stash(path);
   if (v.recv_cq != v.send_cq) v.recv_cq->drain_into_stash(path);
-  release_held_errors(q);  // the flushes the drain held (a QP on its standby records them)
   if (path == kStandby) {
     // Pass-through posts go to the application's own QP, which may have been re-armed: it fails
     // too, and its completions are the application's (as abort_switch does). The standby's
