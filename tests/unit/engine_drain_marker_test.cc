@@ -168,3 +168,15 @@ TEST_CASE("A late flush of an earlier drain's marker does not end a later drain 
   CHECK(g_marker.flushes_written == 1);
   CHECK(m.device().marker_flush == vf::failover::Device::MarkerFlush::kNo);
 }
+
+TEST_CASE("A nudge made late by a starved drain still gets its time to show the flush",
+          "[engine]") {
+  MarkerRig m;
+  // The engine's thread is starved past the deadline before its first look; the device flushes
+  // only a few polls after the second move to ERR (rxe flushes when its responder runs).
+  g_marker.starve_first_poll = true;
+  g_marker.flush_after_polls = 3;
+  m.drain();
+  CHECK(g_marker.all_flushed());
+  CHECK(m.device().marker_flush == vf::failover::Device::MarkerFlush::kYes);
+}

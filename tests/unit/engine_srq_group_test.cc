@@ -371,3 +371,24 @@ TEST_CASE("A failback that waited too long for the SRQ's other QPs tells the pee
   CHECK_FALSE(g.rig.sent<vf::PairEnded>().empty());
   CHECK(g.rig.p->ended);
 }
+
+TEST_CASE("A failback the peer asks for that cannot sweep the primary SRQ tells the peer at once",
+          "[engine]") {
+  GroupRig g;
+  g.rig.deliver(g.rig.request_from_peer(1));
+  g.answer_qp2_request();
+  REQUIRE(g.group->srq->may_hold_stale[vf::kPrimary]);
+  for (vf::VirtualQp* v : {g.rig.v, g.v2}) {
+    v->path[vf::kPrimary].connected = true;
+    v->path[vf::kPrimary].failed = false;
+  }
+  g.rig.e->verbs.create_cq = no_cq;  // the sweep of the primary SRQ cannot run
+  g.rig.deliver(g.rig.failback_request_from_peer(2));
+  CHECK(g.group->srq->active_path() == vf::kStandby);
+  CHECK_FALSE(g.group->pending.active);
+  // The peer is not left waiting 10 s for an answer that will not come.
+  CHECK_FALSE(g.rig.sent<vf::PairEnded>().empty());
+  // QP 19, whose peer asked nothing, goes on on the standby.
+  CHECK(g.v2->active_path() == vf::kStandby);
+  CHECK(g.v2->mode() == vf::PostMode::kRouted);
+}
