@@ -7,6 +7,7 @@
 #include <string>
 #include <utility>
 
+#include "core/failover/channel_wakeup.h"
 #include "core/failover/cq_shadows.h"
 #include "core/failover/engine_state.h"
 #include "core/failover/engine_stats.h"
@@ -160,6 +161,30 @@ bool FailoverEngine::hide_async_event(ibv_context* context, const ibv_async_even
   if (!running()) return false;
   std::lock_guard lock(e.mutex);
   return failover::hide_async_event(e, context, event);
+}
+
+void FailoverEngine::on_comp_channel_created(ibv_comp_channel* channel) {
+  Engine& e = engine();
+  std::lock_guard lock(e.mutex);
+  failover::channel_created(e, channel);
+}
+
+ibv_comp_channel* FailoverEngine::channel_for_provider(ibv_comp_channel* channel,
+                                                       ibv_comp_channel& kernel_view) {
+  if (channel == nullptr) return nullptr;
+  Engine& e = engine();
+  std::lock_guard lock(e.mutex);
+  return failover::channel_for_provider(e, channel, kernel_view);
+}
+
+void FailoverEngine::adopt_channel(ibv_cq* cq, ibv_comp_channel* channel,
+                                   const ibv_comp_channel& kernel_view) {
+  failover::adopt_channel(cq, channel, kernel_view);
+}
+
+int FailoverEngine::destroy_comp_channel(ibv_comp_channel* channel,
+                                         int (*real)(ibv_comp_channel*)) {
+  return failover::destroy_channel(engine(), channel, real);
 }
 
 int FailoverEngine::get_cq_event(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context) {

@@ -64,6 +64,14 @@ class FailoverEngine {
   CqState* cq_state(const ibv_cq* cq) const;
   VirtualSrq* virtual_srq(const ibv_srq* srq) const;
 
+  // Completion channels (core/failover/channel_wakeup.h): after a successful
+  // ibv_create_comp_channel; around the provider's CQ creation on one (the struct to give it,
+  // then the CQ adopted by the application's channel); ibv_destroy_comp_channel whole.
+  void on_comp_channel_created(ibv_comp_channel* channel);
+  ibv_comp_channel* channel_for_provider(ibv_comp_channel* channel,
+                                         ibv_comp_channel& kernel_view);
+  void adopt_channel(ibv_cq* cq, ibv_comp_channel* channel, const ibv_comp_channel& kernel_view);
+  int destroy_comp_channel(ibv_comp_channel* channel, int (*real)(ibv_comp_channel*));
   // ibv_get_cq_event on a channel with shadow CQs: waits on both, returns like the real one.
   // Returns -2 when the channel is not the engine's business (the caller uses the real verb).
   int get_cq_event(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context);

@@ -28,6 +28,12 @@ void cq_created(Engine& e, ibv_cq* cq, ibv_comp_channel* channel) {
       std::make_unique<CqState>(cq, device, ops, static_cast<std::uint32_t>(2 * cq->cqe + 64));
   state->app_channel = channel;
   if (!datapath_registries::cqs_by_address.insert(cq, state.get())) return;
+  auto replaced = channel == nullptr ? e.channels.end() : e.channels.find(channel);
+  if (replaced != e.channels.end() && replaced->second.epoll_fd >= 0) {
+    // Its events of the stash (and later of its shadow) wake the application's fd from now on.
+    replaced->second.cqs.push_back(state.get());
+    state->wake_fd = replaced->second.wake_fd;
+  }
   e.cqs[cq] = std::move(state);
 }
 
@@ -87,7 +93,9 @@ bool ensure_shadow(Engine& e, CqState& state, int backup_device) {
       wake_engine(e);
     }
     shadow_channel = channel.shadow_channel;
-    channel.cqs.push_back(&state);
+    if (std::find(channel.cqs.begin(), channel.cqs.end(), &state) == channel.cqs.end()) {
+      channel.cqs.push_back(&state);
+    }
     state.wake_fd = channel.wake_fd;
   }
   state.shadow = e.verbs.create_cq(e.devices[backup_device].context,
@@ -98,42 +106,6 @@ bool ensure_shadow(Engine& e, CqState& state, int backup_device) {
   state.shadow_channel = shadow_channel;
   if (shadow_channel != nullptr) ibv_req_notify_cq(state.shadow, 0);
   return true;
-}
-
-int get_cq_event(Engine& e, ibv_comp_channel* channel, ibv_cq** cq, void** cq_context) {
-  int wake_fd = -1;
-  std::vector<CqState*> cqs;
-  {
-    std::lock_guard lock(e.mutex);
-    auto it = e.channels.find(channel);
-    if (it == e.channels.end() || it->second.shadow_channel == nullptr) return -2;
-    wake_fd = it->second.wake_fd;
-    cqs = it->second.cqs;
-  }
-  for (;;) {
-    for (CqState* state : cqs) {
-      std::uint32_t pending = state->shadow_events_pending.load();
-      while (pending > 0 &&
-             !state->shadow_events_pending.compare_exchange_weak(pending, pending - 1)) {
-      }
-      if (pending > 0) {
-        state->shadow_events_unacked.fetch_add(1);
-        *cq = state->app_cq;
-        *cq_context = state->app_cq->cq_context;
-        return 0;
-      }
-    }
-    pollfd fds[2] = {{channel->fd, POLLIN, 0}, {wake_fd, POLLIN, 0}};
-    const bool blocking = !(fcntl(channel->fd, F_GETFL) & O_NONBLOCK);
-    const int ready = ::poll(fds, 2, blocking ? -1 : 0);
-    if (ready < 0 && errno == EINTR) continue;
-    if (fds[1].revents & POLLIN) {
-      eventfd_t ignored = 0;
-      eventfd_read(wake_fd, &ignored);
-      continue;
-    }
-    if (fds[0].revents & POLLIN || !blocking) return -2;  // the real event (or EAGAIN) is next
-  }
 }
 
 unsigned int ack_cq_events(ibv_cq* cq, unsigned int nevents) {

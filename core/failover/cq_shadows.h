@@ -1,6 +1,7 @@
 // CQs and completion channels: the record of each application CQ (CqState, the data path's), its
 // shadow CQ on the backup device with a shadow completion channel when the application's CQ has
-// one, and ibv_get_cq_event / ibv_ack_cq_events / ibv_req_notify_cq on such channels.
+// one, and ibv_ack_cq_events / ibv_req_notify_cq on such channels (ibv_get_cq_event and the
+// channel's fd: channel_wakeup.h).
 #pragma once
 
 #include "core/failover/engine_state.h"
@@ -28,10 +29,6 @@ void reserve_shadow_entries(Engine& e, CqState& state, std::uint32_t entries);
 // the standby sets shadow_active again before the standby accepts anything.
 void retire_shadow_if_unused(Engine& e, CqState& cq);
 
-// ibv_get_cq_event on a channel with shadow CQs: waits on both, returns like the real one; -2
-// when the channel is not the engine's business. Takes the engine mutex itself, briefly: the
-// wait is without it.
-int get_cq_event(Engine& e, ibv_comp_channel* channel, ibv_cq** cq, void** cq_context);
 // How many of nevents belong to the application's CQ (the rest were shadow events). Lock-free.
 unsigned int ack_cq_events(ibv_cq* cq, unsigned int nevents);
 // ibv_req_notify_cq: also arms the shadow. Lock-free.

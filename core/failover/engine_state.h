@@ -90,11 +90,15 @@ struct ShadowPd {
   int device = -1;
 };
 
+// An application's completion channel (channel_wakeup.h). epoll_fd >= 0: the application's
+// channel->fd is that epoll set, watching real_fd (the channel's event file) and wake_fd.
 struct ChannelState {
   ibv_comp_channel* app_channel = nullptr;
   ibv_comp_channel* shadow_channel = nullptr;
-  int wake_fd = -1;
-  std::vector<CqState*> cqs;
+  int wake_fd = -1;  // the engine writes it for each event of a shadow CQ (or of a stash)
+  int epoll_fd = -1;
+  int real_fd = -1;
+  std::vector<CqState*> cqs;  // those whose events come through wake_fd
 };
 
 // Everything the engine knows, guarded by `mutex`. One per process in the shim

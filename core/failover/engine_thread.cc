@@ -11,6 +11,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <utility>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -50,7 +51,9 @@ void run_engine(Engine& e) {
   for (;;) {
     fds.clear();
     std::size_t device_first = 0, channel_first = 0, comp_first = 0;
-    std::vector<ChannelState*> comp_channels;
+    // (application channel, its shadow channel): found again after the wait, a channel may have
+    // been destroyed meanwhile (channel_wakeup.cc)
+    std::vector<std::pair<ibv_comp_channel*, ibv_comp_channel*>> comp_channels;
     {
       std::lock_guard lock(e.mutex);
       fds.push_back({e.wake_fd, POLLIN, 0});
@@ -61,7 +64,7 @@ void run_engine(Engine& e) {
       for (auto& [ptr, channel] : e.channels) {
         if (channel.shadow_channel == nullptr) continue;
         fds.push_back({channel.shadow_channel->fd, POLLIN, 0});
-        comp_channels.push_back(&channel);
+        comp_channels.emplace_back(ptr, channel.shadow_channel);
       }
       channel_first = fds.size();
       e.channel.collect(fds);
@@ -99,7 +102,12 @@ void run_engine(Engine& e) {
         if (fds[k].revents & POLLIN) on_device_event(e, static_cast<int>(k - device_first));
       }
       for (std::size_t k = comp_first; k < channel_first; ++k) {
-        if (fds[k].revents & POLLIN) handle_shadow_channel(e, *comp_channels[k - comp_first]);
+        if (!(fds[k].revents & POLLIN)) continue;
+        const auto [app_channel, shadow_channel] = comp_channels[k - comp_first];
+        auto it = e.channels.find(app_channel);
+        if (it != e.channels.end() && it->second.shadow_channel == shadow_channel) {
+          handle_shadow_channel(e, it->second);
+        }
       }
       e.channel.handle(
           fds, channel_first,

@@ -12,12 +12,25 @@ using vf::shim::real_verbs;
 
 VF_EXPORT ibv_comp_channel* ibv_create_comp_channel(ibv_context* context) {
   return intercept("ibv_create_comp_channel", VF_ARGS("{}", describe_context(context)),
-                   [&] { return real_verbs().ibv_create_comp_channel(context); });
+                   [&] {
+                     ibv_comp_channel* channel = real_verbs().ibv_create_comp_channel(context);
+                     // Its fd must also wake for the standby path's events (channel_wakeup.h).
+                     if (channel != nullptr && vf::shim::shim_active()) {
+                       vf::FailoverEngine::instance().on_comp_channel_created(channel);
+                     }
+                     return channel;
+                   });
 }
 
 VF_EXPORT int ibv_destroy_comp_channel(ibv_comp_channel* channel) {
   return intercept("ibv_destroy_comp_channel", VF_ARGS("channel={}", fmt::ptr(channel)),
-                   [&] { return real_verbs().ibv_destroy_comp_channel(channel); });
+                   [&] {
+                     if (!vf::shim::shim_active()) {
+                       return real_verbs().ibv_destroy_comp_channel(channel);
+                     }
+                     return vf::FailoverEngine::instance().destroy_comp_channel(
+                         channel, real_verbs().ibv_destroy_comp_channel);
+                   });
 }
 
 VF_EXPORT int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context) {

@@ -112,6 +112,10 @@ struct side {
   struct ibv_cq_ex* rcqx; /* ibv_cq_ex_to_cq(cqx)); NULL otherwise */
   struct ibv_qp* qp;
   struct ibv_qp_ex* qpx; /* --wr-api */
+  /* --events: the completion channel of cq and rcq (A's fd is O_NONBLOCK, drained until EAGAIN,
+     as rsockets does; B's blocks, one event per wake-up), and how many CQ events it gave */
+  struct ibv_comp_channel* channel;
+  int cq_events;
   uint8_t* buf;
   union ibv_gid gid;
   struct ibv_qp_cap cap;
@@ -147,6 +151,7 @@ extern int g_rts_modify;
 extern int g_rxe_flush;
 extern int g_silent_cut;
 extern int g_rxe_retry;
+extern int g_events;
 
 /* ------------------------------------------------------------------ exactly_once_check.c */
 
@@ -174,6 +179,7 @@ void check_ece(void);
 
 void load_fake_api(void);
 void setup(int recvs_a, int recvs_b);
+void teardown_events(void);
 
 /* ------------------------------------------------------------------ exactly_once_traffic.c */
 

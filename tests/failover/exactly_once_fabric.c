@@ -5,6 +5,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,13 +71,13 @@ static struct ibv_cq* create_cq(struct side* s, struct ibv_cq_ex** cqx, const ch
   const int cqe = g_resize_cq ? CQ_INITIAL : CQ_SIZE;
   *cqx = NULL;
   if (!g_cq_ex) {
-    struct ibv_cq* cq = ibv_create_cq(s->ctx, cqe, NULL, NULL, 0);
+    struct ibv_cq* cq = ibv_create_cq(s->ctx, cqe, s, s->channel, 0);
     if (!cq) setup_fail("ibv_create_cq on %s", want);
     return cq;
   }
   struct ibv_cq_init_attr_ex attr = {.cqe = (uint32_t)cqe,
-                                     .cq_context = NULL,
-                                     .channel = NULL,
+                                     .cq_context = s,
+                                     .channel = s->channel,
                                      .comp_vector = 0,
                                      .wc_flags = CQ_EX_WC_FLAGS};
   *cqx = ibv_create_cq_ex(s->ctx, &attr);
@@ -104,6 +105,13 @@ static void open_side(struct side* s) {
     memset(s->buf, 0, BUF_SIZE);
   s->mr = ibv_reg_mr(s->pd, s->buf, BUF_SIZE, MR_ACCESS);
   if (!s->mr) setup_fail("ibv_reg_mr");
+  if (g_events) {
+    s->channel = ibv_create_comp_channel(s->ctx);
+    if (!s->channel) setup_fail("ibv_create_comp_channel on %s", want);
+    if (s == &g_a && fcntl(s->channel->fd, F_SETFL,
+                           fcntl(s->channel->fd, F_GETFL) | O_NONBLOCK) != 0)
+      setup_fail("O_NONBLOCK on A's channel");
+  }
   s->cq = create_cq(s, &s->cqx, want);
   if (g_split_cq) {
     s->rcq = create_cq(s, &s->rcqx, want);
@@ -111,6 +119,8 @@ static void open_side(struct side* s) {
     s->rcq = s->cq;
     s->rcqx = s->cqx;
   }
+  if (g_events && (ibv_req_notify_cq(s->cq, 0) != 0 || ibv_req_notify_cq(s->rcq, 0) != 0))
+    setup_fail("ibv_req_notify_cq on %s", want);
   if (g_srq) {
     struct ibv_srq_init_attr sattr = {.attr = {.max_wr = SRQ_MAX_WR, .max_sge = 1}};
     s->srq = ibv_create_srq(s->pd, &sattr);
@@ -288,4 +298,20 @@ void setup(int recvs_a, int recvs_b) {
   }
   post_recvs(&g_a, recvs_a);
   post_recvs(&g_b, recvs_b);
+}
+
+/* --events, after the checks: a channel with a CQ alive is EBUSY; once its QP and CQs are gone it
+   is destroyed (the struct's refcnt counted the CQs, whoever made them). */
+void teardown_events(void) {
+  struct side* sides[2] = {&g_a, &g_b};
+  for (int i = 0; i < 2; ++i) {
+    struct side* s = sides[i];
+    const int busy = ibv_destroy_comp_channel(s->channel);
+    if (busy != EBUSY) fail("%s: destroying the channel of a live CQ gave %d, not EBUSY", s->name, busy);
+    if (ibv_destroy_qp(s->qp) != 0) fail("%s: ibv_destroy_qp: %s", s->name, strerror(errno));
+    if (s->rcq != s->cq && ibv_destroy_cq(s->rcq) != 0) fail("%s: ibv_destroy_cq (receives)", s->name);
+    if (ibv_destroy_cq(s->cq) != 0) fail("%s: ibv_destroy_cq", s->name);
+    const int rc = ibv_destroy_comp_channel(s->channel);
+    if (rc != 0) fail("%s: ibv_destroy_comp_channel: %s", s->name, strerror(rc));
+  }
 }

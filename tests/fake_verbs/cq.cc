@@ -19,18 +19,37 @@ FAKE_EXPORT ibv_comp_channel* ibv_create_comp_channel(ibv_context* context) {
   auto* ch = new CompChannel();
   ch->shell.impl = ch;
   ch->ctx = to_ctx(context);
+  ch->fd = fd;
   ++ch->ctx->live_objects;
   ch->shell.channel.context = context;
   ch->shell.channel.fd = fd;
   ch->shell.channel.refcnt = 0;
+  fabric().channels_by_fd[fd] = ch;
   return &ch->shell.channel;
 }
 
+// As libibverbs: EBUSY while the struct's refcnt counts CQs, else close whatever fd the struct
+// holds and free it. The kernel's channel lives on while CQs hold it (a refcnt someone got
+// wrong), and its event file leaks if the struct no longer held it: both are logged, and the
+// context then stays open (live_objects), as the kernel's would.
 FAKE_EXPORT int ibv_destroy_comp_channel(ibv_comp_channel* channel) {
   auto lock = fabric_lock();
   CompChannel* ch = to_channel(channel);
-  if (ch->cq_refs != 0) return EBUSY;
-  close(channel->fd);
+  if (channel->refcnt != 0) return EBUSY;
+  const int closed = channel->fd;
+  close(closed);
+  if (closed != ch->fd) {
+    fake_log("ibv_destroy_comp_channel: closed fd %d, not the channel's event file %d (leaked)",
+             closed, ch->fd);
+    return 0;
+  }
+  fabric().channels_by_fd.erase(ch->fd);
+  ch->fd = -1;
+  if (ch->cq_refs != 0) {
+    fake_log("ibv_destroy_comp_channel: %d CQs still use the channel (refcnt said 0)",
+             ch->cq_refs);
+    return 0;  // freed by its last CQ's destroy
+  }
   --ch->ctx->live_objects;
   delete ch;
   return 0;
@@ -43,6 +62,17 @@ ibv_cq* create_cq_locked(ibv_context* context, int cqe, void* cq_context, ibv_co
   if (cqe < 1 || cqe > kMaxCqe || comp_vector >= uint32_t(context->num_comp_vectors)) {
     errno = EINVAL;
     return nullptr;
+  }
+  // The kernel finds the channel by the fd the struct holds at this moment (uverbs' lookup of a
+  // comp-channel file): any other file is EBADF.
+  CompChannel* kernel_channel = nullptr;
+  if (channel != nullptr) {
+    auto found = fabric().channels_by_fd.find(channel->fd);
+    if (found == fabric().channels_by_fd.end() || found->second->ctx != to_ctx(context)) {
+      errno = EBADF;
+      return nullptr;
+    }
+    kernel_channel = found->second;
   }
   auto* cq = new Cq();
   cq->shell.impl = cq;
@@ -58,7 +88,8 @@ ibv_cq* create_cq_locked(ibv_context* context, int cqe, void* cq_context, ibv_co
   pthread_mutex_init(&c->mutex, nullptr);
   pthread_cond_init(&c->cond, nullptr);
   if (channel != nullptr) {
-    cq->channel = to_channel(channel);
+    ++channel->refcnt;  // verbs_init_cq: the struct it was given, whatever it is
+    cq->channel = kernel_channel;
     ++cq->channel->cq_refs;
   }
   return c;
@@ -108,10 +139,17 @@ FAKE_EXPORT int ibv_destroy_cq(ibv_cq* ibcq) {
   auto lock = fabric_lock();
   Cq* cq = to_cq(ibcq);
   if (cq->qp_refs != 0) return EBUSY;
-  if (cq->channel != nullptr) {
+  if (ibcq->channel != nullptr) --ibcq->channel->refcnt;  // libibverbs, through cq->channel
+  if (cq->channel != nullptr && cq->channel->fd < 0) {
+    // Its channel was destroyed while the refcnt said no CQ used it: the last CQ frees it.
+    if (--cq->channel->cq_refs == 0) {
+      --cq->channel->ctx->live_objects;
+      delete cq->channel;
+    }
+  } else if (cq->channel != nullptr) {
     // Forget events of this CQ nobody fetched yet, keeping the eventfd count in step.
     auto& evs = cq->channel->events;
-    int fd = cq->channel->shell.channel.fd;
+    int fd = cq->channel->fd;
     int flags = fcntl(fd, F_GETFL);
     fcntl(fd, F_SETFL, flags | O_NONBLOCK);
     for (auto it = evs.begin(); it != evs.end();) {
@@ -148,11 +186,19 @@ FAKE_EXPORT int ibv_resize_cq(ibv_cq* ibcq, int cqe) {
   return 0;
 }
 
+// Reads an event from whatever file channel->fd is (as libibverbs' read() of the uverbs event
+// file): a struct that is a copy with the same fd works, a struct whose fd is another file fails.
 FAKE_EXPORT int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq_out, void** cq_context) {
   uint64_t count;
-  if (read(channel->fd, &count, sizeof count) != sizeof count) return -1;
+  const int fd = channel->fd;
+  if (read(fd, &count, sizeof count) != sizeof count) return -1;
   auto lock = fabric_lock();
-  CompChannel* ch = to_channel(channel);
+  auto found = fabric().channels_by_fd.find(fd);
+  if (found == fabric().channels_by_fd.end()) {
+    errno = EIO;
+    return -1;
+  }
+  CompChannel* ch = found->second;
   if (ch->events.empty()) {
     errno = EIO;
     return -1;

@@ -166,7 +166,7 @@ void push_completion_locked(Cq* cq, const ibv_wc& wc) {
   if (wake) cq->armed = false;
   if (wake && cq->channel != nullptr) {
     cq->channel->events.push_back(cq);
-    bump_eventfd(cq->channel->shell.channel.fd);
+    bump_eventfd(cq->channel->fd);
   }
 }
 

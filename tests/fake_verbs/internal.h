@@ -135,11 +135,16 @@ struct Mr {
   int access = 0;
 };
 
+// The kernel's side of a completion channel: its event file is `fd`, the number
+// ibv_create_comp_channel returned. The kernel knows a channel by that file alone (create_cq,
+// get_cq_event read whatever channel->fd holds when called), never by the ibv_comp_channel
+// struct, which is the program's (and may be a copy).
 struct CompChannel {
   ChannelShell shell{};
   Context* ctx = nullptr;
+  int fd = -1;
   std::deque<Cq*> events;  // CQs that fired, in order; one eventfd count each
-  int cq_refs = 0;
+  int cq_refs = 0;         // CQs attached, whatever struct they were created with
 };
 
 struct Cq {
@@ -235,6 +240,7 @@ struct Fabric {
   std::vector<std::unique_ptr<Device>> devices;
   std::vector<Qp*> qps;         // creation order = deterministic progress order
   std::map<uint32_t, Mr*> mrs;  // lkey == rkey in the fake
+  std::map<int, CompChannel*> channels_by_fd;  // the event files ibv_create_comp_channel made
   uint32_t next_qp_num = 0x11;
   uint32_t next_key = 0x1000;
   uint32_t next_srq_num = 1;

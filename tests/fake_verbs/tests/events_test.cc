@@ -124,3 +124,44 @@ TEST_CASE("port down/up raise PORT_ERR/PORT_ACTIVE on that device's contexts onl
   ibv_close_device(c2b);
   ibv_close_device(c0);
 }
+
+// The kernel knows a completion channel by its event file, never by the struct: a copy of the
+// struct with the same fd works for ibv_create_cq and ibv_get_cq_event, a struct holding another
+// fd is refused (EBADF), and libibverbs' refcnt counts the CQs on the struct it was given.
+TEST_CASE("a completion channel is known by the fd its struct holds") {
+  Clean clean;
+  Pair p;
+  ibv_comp_channel copy = *p.b.channel;
+  copy.refcnt = 0;
+  ibv_cq* cq = ibv_create_cq(p.b.ctx, 4, &p.b, &copy, 0);
+  REQUIRE(cq != nullptr);
+  CHECK(cq->channel == &copy);
+  CHECK(copy.refcnt == 1);
+  CHECK(p.b.channel->refcnt == 2);  // the endpoint's two CQs
+
+  ibv_comp_channel wrong = *p.b.channel;
+  wrong.fd = p.b.ctx->async_fd;  // a file of the context, but not a channel's
+  errno = 0;
+  CHECK(ibv_create_cq(p.b.ctx, 4, &p.b, &wrong, 0) == nullptr);
+  CHECK(errno == EBADF);
+
+  REQUIRE(ibv_destroy_cq(cq) == 0);
+  CHECK(copy.refcnt == 0);
+  CHECK(ibv_destroy_comp_channel(p.b.channel) == EBUSY);  // the endpoint's CQs live
+
+  // An event is read through any struct holding the channel's fd.
+  Region src(p.a.pd, 64);
+  Region dst(p.b.pd, 64);
+  REQUIRE(post_recv(p.b.qp, 1, {dst.sge(0, 64)}) == 0);
+  REQUIRE(ibv_req_notify_cq(p.b.recv_cq, 0) == 0);
+  Send s;
+  s.sges = {src.sge(0, 4)};
+  REQUIRE(post_send(p.a.qp, s) == 0);
+  ibv_comp_channel reader = *p.b.channel;
+  ibv_cq* fired = nullptr;
+  void* fired_ctx = nullptr;
+  REQUIRE(ibv_get_cq_event(&reader, &fired, &fired_ctx) == 0);
+  CHECK(fired == p.b.recv_cq);
+  ibv_ack_cq_events(fired, 1);
+  CHECK(poll(p.b.recv_cq, 1).size() == 1);
+}

@@ -1,0 +1,194 @@
+#include "core/failover/channel_wakeup.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <mutex>
+#include <vector>
+
+#include "core/failover/devices.h"
+#include "core/log.h"
+
+namespace vf::failover {
+
+namespace {
+
+// One event of a shadow CQ (or of the stash) handed to the application as its CQ's, if any.
+bool take_shadow_event(const std::vector<CqState*>& cqs, ibv_cq** cq, void** cq_context) {
+  for (CqState* state : cqs) {
+    std::uint32_t pending = state->shadow_events_pending.load();
+    while (pending > 0 &&
+           !state->shadow_events_pending.compare_exchange_weak(pending, pending - 1)) {
+    }
+    if (pending > 0) {
+      state->shadow_events_unacked.fetch_add(1);
+      *cq = state->app_cq;
+      *cq_context = state->app_cq->cq_context;
+      return true;
+    }
+  }
+  return false;
+}
+
+bool shadow_events_left(const std::vector<CqState*>& cqs) {
+  for (const CqState* state : cqs) {
+    if (state->shadow_events_pending.load() > 0) return true;
+  }
+  return false;
+}
+
+void close_if_open(int fd) {
+  if (fd >= 0) close(fd);
+}
+
+// A channel whose fd could not be replaced (made before the engine ran, or no epoll set): the
+// waiting thread watches both the real fd and the engine's eventfd itself.
+int wait_unreplaced(ibv_comp_channel* channel, int wake_fd, const std::vector<CqState*>& cqs,
+                    ibv_cq** cq, void** cq_context) {
+  for (;;) {
+    if (take_shadow_event(cqs, cq, cq_context)) return 0;
+    pollfd fds[2] = {{channel->fd, POLLIN, 0}, {wake_fd, POLLIN, 0}};
+    const bool blocking = !(fcntl(channel->fd, F_GETFL) & O_NONBLOCK);
+    const int ready = ::poll(fds, 2, blocking ? -1 : 0);
+    if (ready < 0 && errno == EINTR) continue;
+    if (fds[1].revents & POLLIN) {
+      eventfd_t ignored = 0;
+      eventfd_read(wake_fd, &ignored);
+      continue;
+    }
+    if (fds[0].revents & POLLIN || !blocking) return -2;  // the real event (or EAGAIN) is next
+  }
+}
+
+}  // namespace
+
+void channel_created(Engine& e, ibv_comp_channel* channel) {
+  if (!engine_running(e) || channel == nullptr || device_of_context(e, channel->context) < 0) {
+    return;
+  }
+  const int real_fd = channel->fd;
+  const int wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  const int epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+  const int flags = fcntl(real_fd, F_GETFL);
+  epoll_event on_real{};
+  on_real.events = EPOLLIN;
+  on_real.data.fd = real_fd;
+  epoll_event on_wake{};
+  on_wake.events = EPOLLIN;
+  on_wake.data.fd = wake_fd;
+  if (wake_fd < 0 || epoll_fd < 0 || flags < 0 ||
+      epoll_ctl(epoll_fd, EPOLL_CTL_ADD, real_fd, &on_real) != 0 ||
+      epoll_ctl(epoll_fd, EPOLL_CTL_ADD, wake_fd, &on_wake) != 0 ||
+      fcntl(real_fd, F_SETFL, flags | O_NONBLOCK) != 0) {
+    VF_LOG_WARN("completion channel {}: no epoll set for its fd ({}); a thread that polls the fd "
+                "itself will not wake for completions of the standby path",
+                static_cast<const void*>(channel), strerror(errno));
+    close_if_open(wake_fd);
+    close_if_open(epoll_fd);
+    return;
+  }
+  ChannelState& state = e.channels[channel];
+  state = ChannelState{};
+  state.app_channel = channel;
+  state.wake_fd = wake_fd;
+  state.epoll_fd = epoll_fd;
+  state.real_fd = real_fd;
+  channel->fd = epoll_fd;
+}
+
+ibv_comp_channel* channel_for_provider(Engine& e, ibv_comp_channel* channel,
+                                       ibv_comp_channel& kernel_view) {
+  if (channel == nullptr) return channel;
+  auto it = e.channels.find(channel);
+  if (it == e.channels.end() || it->second.epoll_fd < 0) return channel;
+  kernel_view = *channel;
+  kernel_view.fd = it->second.real_fd;
+  kernel_view.refcnt = 0;
+  return &kernel_view;
+}
+
+void adopt_channel(ibv_cq* cq, ibv_comp_channel* channel, const ibv_comp_channel& kernel_view) {
+  if (cq->channel == &kernel_view) cq->channel = channel;
+  if (kernel_view.refcnt <= 0) return;
+  // libibverbs counted the CQ on the copy (verbs_init_cq), under the context's mutex.
+  pthread_mutex_lock(&channel->context->mutex);
+  channel->refcnt += kernel_view.refcnt;
+  pthread_mutex_unlock(&channel->context->mutex);
+}
+
+int destroy_channel(Engine& e, ibv_comp_channel* channel, int (*real)(ibv_comp_channel*)) {
+  std::lock_guard lock(e.mutex);
+  auto it = e.channels.find(channel);
+  if (it == e.channels.end()) return real(channel);
+  ChannelState& state = it->second;
+  const bool replaced = state.epoll_fd >= 0;
+  if (replaced) {
+    // libibverbs closes whatever channel->fd holds: it must be the real file, and only when the
+    // destroy will go through (a refused destroy leaves the application's fd as it was).
+    pthread_mutex_lock(&channel->context->mutex);
+    const bool busy = channel->refcnt != 0;
+    if (!busy) channel->fd = state.real_fd;
+    pthread_mutex_unlock(&channel->context->mutex);
+    if (busy) return EBUSY;
+  }
+  const int result = real(channel);
+  if (result != 0) {
+    if (replaced) channel->fd = state.epoll_fd;
+    return result;
+  }
+  close_if_open(state.epoll_fd);
+  close_if_open(state.wake_fd);
+  if (state.shadow_channel != nullptr && e.verbs.destroy_comp_channel(state.shadow_channel) != 0) {
+    VF_LOG_WARN("completion channel {}: its shadow channel on the backup device could not be "
+                "destroyed (left open)",
+                static_cast<const void*>(channel));
+  }
+  e.channels.erase(it);
+  wake_engine(e);  // it may be polling the shadow channel's fd
+  return 0;
+}
+
+int get_cq_event(Engine& e, ibv_comp_channel* channel, ibv_cq** cq, void** cq_context) {
+  for (;;) {
+    int wake_fd = -1;
+    int real_fd = -1;
+    std::vector<CqState*> cqs;
+    {
+      std::lock_guard lock(e.mutex);
+      auto it = e.channels.find(channel);
+      if (it == e.channels.end()) return -2;
+      if (it->second.epoll_fd < 0 && it->second.shadow_channel == nullptr) return -2;
+      wake_fd = it->second.wake_fd;
+      real_fd = it->second.real_fd;
+      cqs = it->second.cqs;
+    }
+    if (real_fd < 0) return wait_unreplaced(channel, wake_fd, cqs, cq, cq_context);
+    // The eventfd is emptied before the shadow events are counted, and written again if some are
+    // left after taking one: the application's fd stays readable while any event is due.
+    eventfd_t ignored = 0;
+    eventfd_read(wake_fd, &ignored);
+    if (take_shadow_event(cqs, cq, cq_context)) {
+      if (shadow_events_left(cqs)) eventfd_write(wake_fd, 1);
+      return 0;
+    }
+    ibv_comp_channel kernel_view = *channel;
+    kernel_view.fd = real_fd;  // O_NONBLOCK: an empty file is EAGAIN
+    if (e.verbs.get_cq_event(&kernel_view, cq, cq_context) == 0) return 0;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) return -1;
+    const int flags = fcntl(channel->fd, F_GETFL);
+    if (flags >= 0 && (flags & O_NONBLOCK)) {
+      errno = EAGAIN;  // what libibverbs gives on the application's non-blocking fd
+      return -1;
+    }
+    pollfd wait{channel->fd, POLLIN, 0};
+    if (::poll(&wait, 1, -1) < 0 && errno != EINTR) return -1;
+  }
+}
+
+}  // namespace vf::failover
