@@ -36,19 +36,14 @@ bool take_shadow_event(const std::vector<CqState*>& cqs, ibv_cq** cq, void** cq_
   return false;
 }
 
-bool shadow_events_left(const std::vector<CqState*>& cqs) {
-  for (const CqState* state : cqs) {
-    if (state->shadow_events_pending.load() > 0) return true;
-  }
-  return false;
-}
-
 void close_if_open(int fd) {
   if (fd >= 0) close(fd);
 }
 
 // A channel whose fd could not be replaced (made before the engine ran, or no epoll set): the
-// waiting thread watches both the real fd and the engine's eventfd itself.
+// waiting thread watches both the real fd and the engine's eventfd itself. -2: the real verb is
+// next; -3: a token came, look at the channel again (its CQs may have changed).
+constexpr int kLookAgain = -3;
 int wait_unreplaced(ibv_comp_channel* channel, int wake_fd, const std::vector<CqState*>& cqs,
                     ibv_cq** cq, void** cq_context) {
   for (;;) {
@@ -58,9 +53,9 @@ int wait_unreplaced(ibv_comp_channel* channel, int wake_fd, const std::vector<Cq
     const int ready = ::poll(fds, 2, blocking ? -1 : 0);
     if (ready < 0 && errno == EINTR) continue;
     if (fds[1].revents & POLLIN) {
-      eventfd_t ignored = 0;
-      eventfd_read(wake_fd, &ignored);
-      continue;
+      eventfd_t token = 0;
+      eventfd_read(wake_fd, &token);
+      return kLookAgain;
     }
     if (fds[0].revents & POLLIN || !blocking) return -2;  // the real event (or EAGAIN) is next
   }
@@ -73,7 +68,8 @@ void channel_created(Engine& e, ibv_comp_channel* channel) {
     return;
   }
   const int real_fd = channel->fd;
-  const int wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  // A semaphore: one token per event due, so the fd is readable exactly while one is.
+  const int wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK | EFD_SEMAPHORE);
   const int epoll_fd = epoll_create1(EPOLL_CLOEXEC);
   const int flags = fcntl(real_fd, F_GETFL);
   epoll_event on_real{};
@@ -154,38 +150,85 @@ int destroy_channel(Engine& e, ibv_comp_channel* channel, int (*real)(ibv_comp_c
   return 0;
 }
 
+namespace {
+
+struct ChannelView {
+  bool known = false;
+  bool replaced = false;
+  bool real_dead = false;
+  bool has_shadow = false;
+  int wake_fd = -1;
+  int real_fd = -1;
+  std::vector<CqState*> cqs;
+};
+
+ChannelView view_of(Engine& e, ibv_comp_channel* channel) {
+  ChannelView view;
+  std::lock_guard lock(e.mutex);
+  auto it = e.channels.find(channel);
+  if (it == e.channels.end()) return view;
+  const ChannelState& state = it->second;
+  view.known = state.epoll_fd >= 0 || state.shadow_channel != nullptr;
+  view.replaced = state.epoll_fd >= 0;
+  view.real_dead = state.real_dead;
+  view.wake_fd = state.wake_fd;
+  view.real_fd = state.real_fd;
+  view.cqs = state.cqs;
+  for (const CqState* cq : state.cqs) view.has_shadow = view.has_shadow || cq->shadow != nullptr;
+  return view;
+}
+
+// The real event file failed (EIO: its device was removed or reset) while the standby's CQs
+// carry the traffic: it leaves the epoll set, or the application's fd would read as ready (its
+// EPOLLERR) for good while every ibv_get_cq_event failed.
+void stop_watching_real(Engine& e, ibv_comp_channel* channel, int error) {
+  std::lock_guard lock(e.mutex);
+  auto it = e.channels.find(channel);
+  if (it == e.channels.end() || it->second.real_dead) return;
+  it->second.real_dead = true;
+  epoll_ctl(it->second.epoll_fd, EPOLL_CTL_DEL, it->second.real_fd, nullptr);
+  VF_LOG_WARN("completion channel {}: its event file on the primary device failed ({}); its "
+              "events now come from the standby path alone",
+              static_cast<const void*>(channel), strerror(error));
+}
+
+}  // namespace
+
 int get_cq_event(Engine& e, ibv_comp_channel* channel, ibv_cq** cq, void** cq_context) {
   for (;;) {
-    int wake_fd = -1;
-    int real_fd = -1;
-    std::vector<CqState*> cqs;
-    {
-      std::lock_guard lock(e.mutex);
-      auto it = e.channels.find(channel);
-      if (it == e.channels.end()) return -2;
-      if (it->second.epoll_fd < 0 && it->second.shadow_channel == nullptr) return -2;
-      wake_fd = it->second.wake_fd;
-      real_fd = it->second.real_fd;
-      cqs = it->second.cqs;
+    ChannelView view = view_of(e, channel);
+    if (!view.known) return -2;
+    if (!view.replaced) {
+      const int result = wait_unreplaced(channel, view.wake_fd, view.cqs, cq, cq_context);
+      if (result == kLookAgain) continue;
+      return result;
     }
-    if (real_fd < 0) return wait_unreplaced(channel, wake_fd, cqs, cq, cq_context);
-    // The eventfd is emptied before the shadow events are counted, and written again if some are
-    // left after taking one: the application's fd stays readable while any event is due.
-    eventfd_t ignored = 0;
-    eventfd_read(wake_fd, &ignored);
-    if (take_shadow_event(cqs, cq, cq_context)) {
-      if (shadow_events_left(cqs)) eventfd_write(wake_fd, 1);
-      return 0;
+    // The eventfd is a semaphore with one token per shadow event counted (the engine counts,
+    // then writes): a token taken is an event to hand out. Its CQ may be newer than the view
+    // (look again) or destroyed meanwhile (the token is void).
+    eventfd_t token = 0;
+    if (eventfd_read(view.wake_fd, &token) == 0) {
+      if (take_shadow_event(view.cqs, cq, cq_context)) return 0;
+      if (take_shadow_event(view_of(e, channel).cqs, cq, cq_context)) return 0;
+      continue;
     }
-    ibv_comp_channel kernel_view = *channel;
-    kernel_view.fd = real_fd;  // O_NONBLOCK: an empty file is EAGAIN
-    if (e.verbs.get_cq_event(&kernel_view, cq, cq_context) == 0) return 0;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) return -1;
+    if (!view.real_dead) {
+      ibv_comp_channel kernel_view = *channel;
+      kernel_view.fd = view.real_fd;  // O_NONBLOCK: an empty file is EAGAIN
+      if (e.verbs.get_cq_event(&kernel_view, cq, cq_context) == 0) return 0;
+      const int error = errno;
+      if (error != EAGAIN && error != EWOULDBLOCK) {
+        if (!view.has_shadow) return -1;  // nothing else can come: as without the shim
+        stop_watching_real(e, channel, error);
+        continue;
+      }
+    }
     const int flags = fcntl(channel->fd, F_GETFL);
     if (flags >= 0 && (flags & O_NONBLOCK)) {
       errno = EAGAIN;  // what libibverbs gives on the application's non-blocking fd
       return -1;
     }
+    // Restarted after a signal, as a read() of the real file is under SA_RESTART.
     pollfd wait{channel->fd, POLLIN, 0};
     if (::poll(&wait, 1, -1) < 0 && errno != EINTR) return -1;
   }

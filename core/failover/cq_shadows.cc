@@ -50,7 +50,12 @@ void cq_destroying(Engine& e, ibv_cq* cq) {
   state->lock.unlock();
   if (state->shadow != nullptr) e.verbs.destroy_cq(state->shadow);
   for (auto& [ptr, channel] : e.channels) {
-    std::erase(channel.cqs, state);
+    if (std::erase(channel.cqs, state) == 0) continue;
+    // Its events nobody took go with it, and so do their tokens (channel_wakeup.cc).
+    for (std::uint32_t n = state->shadow_events_pending.exchange(0); n > 0; --n) {
+      eventfd_t token = 0;
+      eventfd_read(channel.wake_fd, &token);
+    }
   }
   // The record itself stays: a thread that read the registry just before the erase may still
   // hold it (CQ destruction is rare; the few bytes are not worth a use-after-free).
@@ -85,11 +90,15 @@ bool ensure_shadow(Engine& e, CqState& state, int backup_device) {
     ChannelState& channel = e.channels[state.app_channel];
     if (channel.app_channel == nullptr) {
       channel.app_channel = state.app_channel;
-      channel.wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+      channel.wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK | EFD_SEMAPHORE);
     }
     if (channel.shadow_channel == nullptr) {
       channel.shadow_channel = e.verbs.create_comp_channel(e.devices[backup_device].context);
       if (channel.shadow_channel == nullptr) return false;
+      // The engine reads it under its mutex: an event the kernel dropped since poll() said
+      // readable (its CQ destroyed meanwhile) must not block it there for good.
+      const int flags = fcntl(channel.shadow_channel->fd, F_GETFL);
+      if (flags >= 0) fcntl(channel.shadow_channel->fd, F_SETFL, flags | O_NONBLOCK);
       wake_engine(e);
     }
     shadow_channel = channel.shadow_channel;
@@ -115,6 +124,7 @@ unsigned int ack_cq_events(ibv_cq* cq, unsigned int nevents) {
   for (;;) {
     const std::uint32_t take = std::min<std::uint32_t>(unacked, nevents);
     if (state->shadow_events_unacked.compare_exchange_weak(unacked, unacked - take)) {
+      if (take > 0) state->shadow_events_unacked.notify_all();  // a destroy may wait for it
       return nevents - take;
     }
   }

@@ -93,6 +93,10 @@ VF_EXPORT int ibv_resize_cq(ibv_cq* cq, int cqe) {
 VF_EXPORT int ibv_destroy_cq(ibv_cq* cq) {
   return intercept("ibv_destroy_cq", VF_ARGS("{}", describe_cq(cq)), [&] {
     if (!vf::shim::shim_active()) return real_verbs().ibv_destroy_cq(cq);
+    // As libibverbs waits for every event of the CQ to be acknowledged, the shim waits for the
+    // shadow events it handed out: acknowledged after the CQ left the engine's records, they
+    // would be counted against the real CQ, and the real destroy would wait for ever.
+    vf::FailoverEngine::instance().wait_shadow_events_acked(cq);
     vf::FailoverEngine::instance().on_cq_destroy(cq);
     std::lock_guard lock(vf::shim::lifecycle_mutex());
     const int result = real_verbs().ibv_destroy_cq(cq);
@@ -149,16 +153,16 @@ ibv_cq_ex* create_cq_ex(ibv_context* context, ibv_cq_init_attr_ex* attr) {
       VF_ARGS("{} cqe={} wc_flags={:#x} comp_mask={:#x}", describe_context(context), attr->cqe,
               attr->wc_flags, attr->comp_mask),
       [&] {
-        // The provider gets the channel's real event file (channel_wakeup.h); the application's
-        // attr is given back as it was.
+        // The provider gets the channel's real event file (channel_wakeup.h) through a copy of
+        // attr: the application's may be shared by threads creating CQs at once.
         ibv_comp_channel* channel = attr->channel;
         ibv_comp_channel kernel_view{};
         ibv_comp_channel* given =
             shim_active() ? FailoverEngine::instance().channel_for_provider(channel, kernel_view)
                           : channel;
-        attr->channel = given;
-        ibv_cq_ex* cq = record->create_cq_ex(context, attr);
-        attr->channel = channel;
+        ibv_cq_init_attr_ex given_attr = *attr;
+        given_attr.channel = given;
+        ibv_cq_ex* cq = record->create_cq_ex(context, given != channel ? &given_attr : attr);
         if (cq != nullptr && given != channel) {
           FailoverEngine::instance().adopt_channel(ibv_cq_ex_to_cq(cq), channel, kernel_view);
         }

@@ -29,9 +29,9 @@ FAKE_EXPORT ibv_comp_channel* ibv_create_comp_channel(ibv_context* context) {
 }
 
 // As libibverbs: EBUSY while the struct's refcnt counts CQs, else close whatever fd the struct
-// holds and free it. The kernel's channel lives on while CQs hold it (a refcnt someone got
-// wrong), and its event file leaks if the struct no longer held it: both are logged, and the
-// context then stays open (live_objects), as the kernel's would.
+// holds and free it. Real libibverbs would then leak the channel's event file (the struct held
+// another fd, which it closes) or leave CQs on a freed channel (a refcnt someone got wrong): the
+// fake stops the program there (fake_fatal).
 FAKE_EXPORT int ibv_destroy_comp_channel(ibv_comp_channel* channel) {
   auto lock = fabric_lock();
   CompChannel* ch = to_channel(channel);
@@ -39,17 +39,15 @@ FAKE_EXPORT int ibv_destroy_comp_channel(ibv_comp_channel* channel) {
   const int closed = channel->fd;
   close(closed);
   if (closed != ch->fd) {
-    fake_log("ibv_destroy_comp_channel: closed fd %d, not the channel's event file %d (leaked)",
-             closed, ch->fd);
-    return 0;
+    fake_fatal("ibv_destroy_comp_channel: the struct holds fd %d, not the channel's event file "
+               "%d: libibverbs closes fd %d and leaks the channel", closed, ch->fd, closed);
+  }
+  if (ch->cq_refs != 0) {
+    fake_fatal("ibv_destroy_comp_channel: %d CQs still use the channel though its refcnt is 0",
+               ch->cq_refs);
   }
   fabric().channels_by_fd.erase(ch->fd);
   ch->fd = -1;
-  if (ch->cq_refs != 0) {
-    fake_log("ibv_destroy_comp_channel: %d CQs still use the channel (refcnt said 0)",
-             ch->cq_refs);
-    return 0;  // freed by its last CQ's destroy
-  }
   --ch->ctx->live_objects;
   delete ch;
   return 0;
@@ -139,14 +137,14 @@ FAKE_EXPORT int ibv_destroy_cq(ibv_cq* ibcq) {
   auto lock = fabric_lock();
   Cq* cq = to_cq(ibcq);
   if (cq->qp_refs != 0) return EBUSY;
+  // libibverbs waits until every event the kernel reported for the CQ was acknowledged: for ever
+  // if more were acknowledged, or if the program (one thread) still owes some.
+  if (cq->events_acked != cq->events_delivered) {
+    fake_fatal("ibv_destroy_cq: %u event(s) delivered, %u acknowledged: libibverbs would wait "
+               "for ever", cq->events_delivered, cq->events_acked);
+  }
   if (ibcq->channel != nullptr) --ibcq->channel->refcnt;  // libibverbs, through cq->channel
-  if (cq->channel != nullptr && cq->channel->fd < 0) {
-    // Its channel was destroyed while the refcnt said no CQ used it: the last CQ frees it.
-    if (--cq->channel->cq_refs == 0) {
-      --cq->channel->ctx->live_objects;
-      delete cq->channel;
-    }
-  } else if (cq->channel != nullptr) {
+  if (cq->channel != nullptr) {
     // Forget events of this CQ nobody fetched yet, keeping the eventfd count in step.
     auto& evs = cq->channel->events;
     int fd = cq->channel->fd;
@@ -248,3 +246,11 @@ int req_notify_cq_op(ibv_cq* ibcq, int solicited_only) {
 }
 
 }  // namespace fake_verbs
+
+// A provider's own CQ creation, reached without libibverbs' verbs_context op (as
+// mlx5dv_create_cq reaches mlx5's): for tests of direct-verbs paths (tests/preload/fake_dv_lib.c).
+// Like the provider, it hands attr->channel->fd to the "kernel".
+FAKE_EXPORT ibv_cq_ex* fake_verbs_provider_create_cq_ex(ibv_context* context,
+                                                        ibv_cq_init_attr_ex* attr) {
+  return fake_verbs::create_cq_ex_op(context, attr);
+}

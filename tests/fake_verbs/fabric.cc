@@ -18,14 +18,30 @@ Fabric& fabric() {
   return *instance;
 }
 
+namespace {
+
+void report(const char* prefix, const char* fmt, va_list ap) {
+  std::fprintf(stderr, "[FAKE libibverbs] %s", prefix);
+  std::vfprintf(stderr, fmt, ap);
+  std::fprintf(stderr, "\n");
+}
+
+}  // namespace
+
 void fake_log(const char* fmt, ...) {
   if (!fabric().log) return;
   va_list ap;
   va_start(ap, fmt);
-  std::fprintf(stderr, "[FAKE libibverbs] ");
-  std::vfprintf(stderr, fmt, ap);
-  std::fprintf(stderr, "\n");
+  report("", fmt, ap);
   va_end(ap);
+}
+
+void fake_fatal(const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  report("FATAL: ", fmt, ap);
+  va_end(ap);
+  std::abort();
 }
 
 namespace {

@@ -252,6 +252,10 @@ Fabric& fabric();
 std::unique_lock<std::mutex> fabric_lock();  // also makes sure devices exist
 void ensure_initialized_locked();
 void fake_log(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+// What real libibverbs would turn into a silent hang or a leak (a CQ destroyed with events not
+// acknowledged, a channel's struct closing another file): the fake says so and aborts, so that
+// a test sees it at once.
+[[noreturn]] void fake_fatal(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 
 // casts from public handles
 inline Context* to_ctx(ibv_context* c) {

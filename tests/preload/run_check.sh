@@ -220,6 +220,16 @@ case "$case_name" in
     expect_in "$log" "info: failover: hid port error of fake0/1 from the application"
     expect_in "$log" "info: failover: hid port active of fake0/1 from the application"
     ;;
+  dv_create_cq_fake)
+    # A provider's direct-verbs CQ creation with a completion channel whose fd the shim replaced
+    # (an epoll set): the provider must get the real event file (core/failover/channel_wakeup.h).
+    : "${VF_FAKE_LIB_DIR:?}"
+    run env LD_LIBRARY_PATH="$VF_FAKE_LIB_DIR" LD_PRELOAD="$VF_SHIM" \
+      "VERBS_FAILOVER_LOG_FILE=$log" "$VF_BIN/vf_dv_cq_program" >"$out" 2>&1 ||
+      fail "dv CQ program failed"
+    expect_in "$out" "^CHANNEL_FD_REPLACED=1$"
+    expect_in "$out" "^DV_CQ PASS$"
+    ;;
   *)
     echo "unknown case $case_name"; exit 2 ;;
 esac
