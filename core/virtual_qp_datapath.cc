@@ -26,6 +26,12 @@ bool uses_remote_key(ibv_wr_opcode opcode) {
          opcode == IBV_WR_RDMA_READ;
 }
 
+std::uint64_t total_length(const ibv_sge* sges, int num_sge) {
+  std::uint64_t length = 0;
+  for (int i = 0; i < num_sge; ++i) length += sges[i].length;
+  return length;
+}
+
 // ibv_post_send's and ibv_post_recv's contract: every request before *bad_wr was posted (rxe and
 // mlx5 post them). The first `count` requests of the chain `wr` (recorded: the shim refused the
 // one after them) go to the provider through `post`, as copies linked among themselves, a few at
@@ -294,6 +300,13 @@ bool VirtualQp::post_one_send(const SendRecord& record, int p, bool* missing_key
     std::uint32_t* rkey = uses_remote_key(wr.opcode)       ? &wr.wr.rdma.rkey
                           : record.is_atomic()          ? &wr.wr.atomic.rkey
                                                            : nullptr;
+    // A zero-length RDMA WRITE or READ names no remote memory: the responder checks neither its
+    // address nor its rkey (IBA C9-88), and programs leave them unset (rsockets' control
+    // messages are zero-length WRITE_WITH_IMMs whose rkey is stack garbage). Translating it
+    // would fail for good and hold the QP's sends for ever.
+    if (rkey != nullptr && !record.is_atomic() && total_length(sges, wr.num_sge) == 0) {
+      rkey = nullptr;
+    }
     if (rkey != nullptr && !g_services.translate_rkey(peer, *rkey, rkey)) {
       *missing_key = true;
       return false;

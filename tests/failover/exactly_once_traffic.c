@@ -100,6 +100,13 @@ static uint64_t post_op_seed(struct side* s, enum ibv_wr_opcode op, uint32_t len
   if (op != IBV_WR_SEND && op != IBV_WR_SEND_WITH_IMM) {
     wr->wr.rdma.remote_addr = (uintptr_t)(peer->buf + tgt);
     wr->wr.rdma.rkey = s->peer_rkey;
+    if (len == 0) {
+      /* A zero-length RDMA carries no address or rkey the responder checks (IBA C9-88), and
+         programs leave them unset: rsockets' control messages are zero-length WRITE_WITH_IMMs
+         whose rkey is stack garbage. */
+      wr->wr.rdma.remote_addr = 0;
+      wr->wr.rdma.rkey = 0xbadc0de ^ (uint32_t)wr_id;
+    }
   }
   if (!s->batching) flush(s);
   return wr_id;
@@ -412,6 +419,8 @@ void after_round(void) {
   post_op(&g_b, IBV_WR_SEND_WITH_IMM, 90, SIG, 0xf00b);
   stream(1);
   post_op(&g_b, IBV_WR_RDMA_WRITE, 333, SIG, 0);
+  post_op(&g_a, IBV_WR_RDMA_WRITE, 0, SIG, 0); /* no rkey to translate (rsockets' control) */
+  post_op(&g_b, IBV_WR_RDMA_WRITE, 0, SIG, 0);
   wait_for(all_done, POLL_BOTH, "traffic after the failover");
 }
 

@@ -21,6 +21,7 @@ CUT_PERFTEST_ITERS=${VF_CUT_PERFTEST_ITERS:-1500}  # x 64 KiB (6 s at 16 MB/s, 8
 CUT_PINGPONG_ITERS=${VF_CUT_PINGPONG_ITERS:-2000}  # x 4 KiB round trips
 CUT_SRQ_ITERS=${VF_CUT_SRQ_ITERS:-10000}           # x 4 KiB, 16 QPs together (15-60 s)
 CUT_RPING_COUNT=${VF_CUT_RPING_COUNT:-1500}        # x 1 KiB verified pings (~40 s)
+CUT_RSTREAM_ITERS=${VF_CUT_RSTREAM_ITERS:-12}       # x 1000 x 4 KiB each way (~20-30 s)
 CUT_NCCL_ITERS=${VF_CUT_NCCL_ITERS:-150}           # x 128 KiB all-reduce per ring (25-95 s)
 CUT_AFTER=2    # seconds of traffic before the fault
 CUT_BOUND=240  # seconds after the fault for every process to finish
@@ -62,6 +63,21 @@ cut_start() {
       CUT_JOBS=(A:cli)
       CUT_PROTECTED=(A:cli)
       CUT_ALSO_STOP=(B:srv)
+      ;;
+    rstream)
+      # librdmacm's rsockets: the server (-T a) waits in rpoll(), which poll()s its completion
+      # channel's fd itself and calls ibv_get_cq_event only once the fd is readable (issue 19 item
+      # 4a: after a failover that fd must wake for the standby's completions). The client blocks
+      # in rrecv/rsend: with -T a on both sides rstream fails by itself (exit 16, POLLHUP) when the
+      # server's disconnect is processed before the client's last receive; seen without the shim.
+      local addr sizes=(-S 4096 -C 1000 -I "$CUT_RSTREAM_ITERS")
+      addr=$(ip_of B rail0)
+      app B srv "${CUT_ENV[@]}" -- stdbuf -oL rstream -b "$addr" -p "$LAB_PORT" -T a "${sizes[@]}"
+      wait_cm_listen B "$addr" 30 || lab_fail "rstream server on B is not listening on $addr"
+      app A cli "${CUT_ENV[@]}" -- stdbuf -oL rstream -s "$addr" -p "$LAB_PORT" "${sizes[@]}"
+      wait_log A cli '^name' 30 || lab_fail "rstream did not start"
+      CUT_JOBS=(A:cli B:srv)
+      CUT_PROTECTED=(A:cli B:srv)
       ;;
     rc_pingpong | rc_pingpong_events)
       local args=(-d rxe0 -g 1 -p "$LAB_PORT" -n "$CUT_PINGPONG_ITERS" -s 4096)
@@ -118,6 +134,13 @@ cut_workload_ok() {
       pings=$(grep -c 'ping data' "$SCEN_DIR/A/cli.log")
       figure pings "$pings"
       [[ $pings == "$CUT_RPING_COUNT" ]] || { note "rping: $pings of $CUT_RPING_COUNT pings verified"; rc=1; }
+      ;;
+    rstream)
+      # Each side prints its result line ("custom 4k 1k ITERS ...") only after every transfer.
+      for j in A:cli B:srv; do
+        grep -qE "^custom +4k +1k +$CUT_RSTREAM_ITERS " "$SCEN_DIR/${j%%:*}/${j#*:}.log" ||
+          { note "$j: no result line for $CUT_RSTREAM_ITERS iterations"; rc=1; }
+      done
       ;;
     rc_pingpong | rc_pingpong_events | srq_pingpong)
       # "1000 iters in 9.87 seconds = 9870.00 usec/iter", printed by both sides.
