@@ -444,3 +444,21 @@ TEST_CASE("A PORT_ERR read after the port came back is a flap, not nothing", "[e
   vf::failover::on_device_event(*rig.e, 0);
   CHECK(rig.e->devices[0].ports[1].state == IBV_PORT_ACTIVE);
 }
+
+// An unsignaled request completes nothing, whether the peer proved it done or not: only the
+// signaled one after it gets its (synthesized) completion. Caught the mutant
+// `complete_unsignaled` of scripts/mutants, which no other fast test did.
+TEST_CASE("Unsignaled requests the peer proved done complete nothing", "[engine]") {
+  Rig rig;
+  rig.post_send(0x61, false);
+  rig.post_send(0x62, true);
+  auto request = rig.request_from_peer(1);
+  request.delivered_messages = 2;
+  rig.deliver(request);
+  CHECK(rig.v->counters.replayed_wrs.load() == 0);
+  CHECK(rig.v->counters.synthesized_completions.load() == 1);
+  ibv_wc wc[4]{};
+  REQUIRE(rig.cq_state->stash.pop(4, wc) == 1);
+  CHECK(wc[0].wr_id == 0x62);
+  CHECK(wc[0].status == IBV_WC_SUCCESS);
+}
