@@ -228,7 +228,8 @@ int get_cq_event(Engine& e, ibv_comp_channel* channel, ibv_cq** cq, void** cq_co
       errno = EAGAIN;  // what libibverbs gives on the application's non-blocking fd
       return -1;
     }
-    // Restarted after a signal, as a read() of the real file is under SA_RESTART.
+    // A signal restarts the wait. A blocking read() of the real file returns EINTR when the
+    // handler lacks SA_RESTART; this wait never does (a known difference, issue 19 note).
     pollfd wait{channel->fd, POLLIN, 0};
     if (::poll(&wait, 1, -1) < 0 && errno != EINTR) return -1;
   }

@@ -7,7 +7,8 @@
 // epoll fd watching the channel's real event file and an eventfd the engine writes for each
 // shadow-CQ event (engine_thread.cc). The real file is kept (O_NONBLOCK) and handed to the
 // provider and to libibverbs through a copy of the struct wherever they read channel->fd:
-// ibv_create_cq / ibv_create_cq_ex (the kernel finds the channel by that fd), ibv_get_cq_event,
+// ibv_create_cq / ibv_create_cq_ex and the providers' mlx5dv_create_cq / efadv_create_cq
+// (shim/verbs_hooks/dv_cq_hooks.cc; the kernel finds the channel by that fd), ibv_get_cq_event,
 // and ibv_destroy_comp_channel (which closes it). The application's own view stays: its fd is
 // pollable, O_NONBLOCK set on it is honoured, refcnt counts its CQs, destroy is EBUSY while a CQ
 // uses it.
