@@ -19,6 +19,19 @@
 
 namespace vf::failover {
 
+namespace {
+
+// The CQ's events of the stash (and, once it has one, of its shadow) come through the channel's
+// wake fd from now on.
+void attach_to_channel(ChannelState& channel, CqState& state) {
+  if (std::find(channel.cqs.begin(), channel.cqs.end(), &state) == channel.cqs.end()) {
+    channel.cqs.push_back(&state);
+  }
+  state.wake_fd = channel.wake_fd;
+}
+
+}  // namespace
+
 void cq_created(Engine& e, ibv_cq* cq, ibv_comp_channel* channel) {
   if (!engine_running(e) || cq == nullptr) return;
   const int device = device_of_context(e, cq->context);
@@ -30,9 +43,7 @@ void cq_created(Engine& e, ibv_cq* cq, ibv_comp_channel* channel) {
   if (!datapath_registries::cqs_by_address.insert(cq, state.get())) return;
   auto replaced = channel == nullptr ? e.channels.end() : e.channels.find(channel);
   if (replaced != e.channels.end() && replaced->second.epoll_fd >= 0) {
-    // Its events of the stash (and later of its shadow) wake the application's fd from now on.
-    replaced->second.cqs.push_back(state.get());
-    state->wake_fd = replaced->second.wake_fd;
+    attach_to_channel(replaced->second, *state);
   }
   e.cqs[cq] = std::move(state);
 }
@@ -102,10 +113,7 @@ bool ensure_shadow(Engine& e, CqState& state, int backup_device) {
       wake_engine(e);
     }
     shadow_channel = channel.shadow_channel;
-    if (std::find(channel.cqs.begin(), channel.cqs.end(), &state) == channel.cqs.end()) {
-      channel.cqs.push_back(&state);
-    }
-    state.wake_fd = channel.wake_fd;
+    attach_to_channel(channel, state);
   }
   state.shadow = e.verbs.create_cq(e.devices[backup_device].context,
                                    state.app_cq->cqe + static_cast<int>(state.shim_entries),

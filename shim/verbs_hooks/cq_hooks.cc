@@ -10,6 +10,7 @@
 #include "shim/real_verbs.h"
 #include "shim/trace.h"
 #include "shim/verbs_hooks/ops_hooks.h"
+#include "shim/verbs_hooks/real_channel.h"
 
 using vf::shim::describe_context;
 using vf::shim::intercept;
@@ -61,20 +62,14 @@ VF_EXPORT ibv_cq* ibv_create_cq(ibv_context* context, int cqe, void* cq_context,
                            describe_context(context), cqe, cq_context, fmt::ptr(channel),
                            comp_vector),
                    [&] {
-                     if (!vf::shim::shim_active()) {
-                       return real_verbs().ibv_create_cq(context, cqe, cq_context, channel,
-                                                         comp_vector);
-                     }
-                     auto& engine = vf::FailoverEngine::instance();
-                     // The provider gets the channel's real event file (channel_wakeup.h).
-                     ibv_comp_channel kernel_view{};
-                     ibv_comp_channel* given = engine.channel_for_provider(channel, kernel_view);
-                     ibv_cq* cq = real_verbs().ibv_create_cq(context, cqe, cq_context, given,
+                     ibv_cq* cq = vf::shim::create_with_real_channel(
+                         channel, [&](ibv_comp_channel* given) {
+                           return real_verbs().ibv_create_cq(context, cqe, cq_context, given,
                                                              comp_vector);
-                     if (cq != nullptr && given != channel) {
-                       engine.adopt_channel(cq, channel, kernel_view);
+                         });
+                     if (cq != nullptr && vf::shim::shim_active()) {
+                       vf::FailoverEngine::instance().on_cq_created(cq, channel);
                      }
-                     if (cq != nullptr) engine.on_cq_created(cq, channel);
                      return cq;
                    });
 }
@@ -153,19 +148,8 @@ ibv_cq_ex* create_cq_ex(ibv_context* context, ibv_cq_init_attr_ex* attr) {
       VF_ARGS("{} cqe={} wc_flags={:#x} comp_mask={:#x}", describe_context(context), attr->cqe,
               attr->wc_flags, attr->comp_mask),
       [&] {
-        // The provider gets the channel's real event file (channel_wakeup.h) through a copy of
-        // attr: the application's may be shared by threads creating CQs at once.
-        ibv_comp_channel* channel = attr->channel;
-        ibv_comp_channel kernel_view{};
-        ibv_comp_channel* given =
-            shim_active() ? FailoverEngine::instance().channel_for_provider(channel, kernel_view)
-                          : channel;
-        ibv_cq_init_attr_ex given_attr = *attr;
-        given_attr.channel = given;
-        ibv_cq_ex* cq = record->create_cq_ex(context, given != channel ? &given_attr : attr);
-        if (cq != nullptr && given != channel) {
-          FailoverEngine::instance().adopt_channel(ibv_cq_ex_to_cq(cq), channel, kernel_view);
-        }
+        ibv_cq_ex* cq = create_with_real_channel(
+            attr, [&](ibv_cq_init_attr_ex* given) { return record->create_cq_ex(context, given); });
         if (cq != nullptr && shim_active()) {
           std::lock_guard lock(lifecycle_mutex());
           manage_cq_ex(cq);

@@ -14,6 +14,7 @@
 #include "core/failover_engine.h"
 #include "shim/dl_hooks.h"
 #include "shim/export.h"
+#include "shim/verbs_hooks/real_channel.h"
 #include "shim/shim_state.h"
 #include "shim/trace.h"
 
@@ -39,24 +40,6 @@ Fn provider_function(std::atomic<Fn>& cache, const char* library, const char* na
   return fn;
 }
 
-// Calls create with attr, or with a copy whose channel is the real event file; the CQ made is
-// then the application's channel's.
-template <typename Create>
-ibv_cq_ex* with_real_channel(ibv_cq_init_attr_ex* attr, Create create) {
-  if (attr == nullptr || attr->channel == nullptr || !vf::shim::shim_active()) {
-    return create(attr);
-  }
-  auto& engine = vf::FailoverEngine::instance();
-  ibv_comp_channel kernel_view{};
-  ibv_comp_channel* given = engine.channel_for_provider(attr->channel, kernel_view);
-  if (given == attr->channel) return create(attr);
-  ibv_cq_init_attr_ex given_attr = *attr;
-  given_attr.channel = given;
-  ibv_cq_ex* cq = create(&given_attr);
-  if (cq != nullptr) engine.adopt_channel(ibv_cq_ex_to_cq(cq), attr->channel, kernel_view);
-  return cq;
-}
-
 using Mlx5dvCreateCq = ibv_cq_ex* (*)(ibv_context*, ibv_cq_init_attr_ex*, void*);
 using EfadvCreateCq = ibv_cq_ex* (*)(ibv_context*, ibv_cq_init_attr_ex*, void*, std::uint32_t);
 std::atomic<Mlx5dvCreateCq> g_mlx5dv_create_cq{nullptr};
@@ -75,7 +58,7 @@ VF_EXPORT ibv_cq_ex* mlx5dv_create_cq(ibv_context* context, ibv_cq_init_attr_ex*
       errno = EOPNOTSUPP;
       return static_cast<ibv_cq_ex*>(nullptr);
     }
-    return with_real_channel(cq_attr, [&](ibv_cq_init_attr_ex* attr) {
+    return vf::shim::create_with_real_channel(cq_attr, [&](ibv_cq_init_attr_ex* attr) {
       return real(context, attr, mlx5_cq_attr);
     });
   });
@@ -90,7 +73,7 @@ VF_EXPORT ibv_cq_ex* efadv_create_cq(ibv_context* context, ibv_cq_init_attr_ex* 
       errno = EOPNOTSUPP;
       return static_cast<ibv_cq_ex*>(nullptr);
     }
-    return with_real_channel(attr_ex, [&](ibv_cq_init_attr_ex* attr) {
+    return vf::shim::create_with_real_channel(attr_ex, [&](ibv_cq_init_attr_ex* attr) {
       return real(context, attr, efa_attr, inlen);
     });
   });
