@@ -191,13 +191,15 @@ int FailoverEngine::get_cq_event(ibv_comp_channel* channel, ibv_cq** cq, void** 
   return failover::get_cq_event(engine(), channel, cq, cq_context);
 }
 
-void FailoverEngine::wait_shadow_events_acked(ibv_cq* cq) {
+void FailoverEngine::close_cq_events(ibv_cq* cq) {
   CqState* state = find_cq_state(cq);
   if (state == nullptr) return;
-  for (std::uint32_t unacked = state->shadow_events_unacked.load(); unacked != 0;
-       unacked = state->shadow_events_unacked.load()) {
-    state->shadow_events_unacked.wait(unacked);
+  {
+    Engine& e = engine();
+    std::lock_guard lock(e.mutex);
+    if (!failover::cq_close_events(e, cq)) return;  // the destroy will be refused: no wait
   }
+  state->shadow_events.wait_acknowledged();
 }
 
 unsigned int FailoverEngine::ack_cq_events(ibv_cq* cq, unsigned int nevents) {

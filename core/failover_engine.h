@@ -75,9 +75,11 @@ class FailoverEngine {
   // ibv_get_cq_event on a channel with shadow CQs: waits on both, returns like the real one.
   // Returns -2 when the channel is not the engine's business (the caller uses the real verb).
   int get_cq_event(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context);
-  // Before ibv_destroy_cq: until the application acknowledged every shadow event it got of the
-  // CQ (lock-free; rdma-core's destroy waits for its own events the same way).
-  void wait_shadow_events_acked(ibv_cq* cq);
+  // Before ibv_destroy_cq: unless a QP still uses the CQ (the destroy will be EBUSY: no wait,
+  // as libibverbs), no shadow event of it is handed out any more, and this waits until the
+  // application acknowledged each one it got (rdma-core waits for its own events the same way
+  // once the destroy went through).
+  void close_cq_events(ibv_cq* cq);
   // ibv_ack_cq_events: how many of these belong to the real CQ (the rest were shadow events).
   unsigned int ack_cq_events(ibv_cq* cq, unsigned int nevents);
   // ibv_req_notify_cq: also arms the shadow.

@@ -9,6 +9,20 @@ bool SendRecord::is_atomic() const {
   return wr.opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wr.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
 }
 
+std::uint32_t* SendRecord::remote_key_in(ibv_send_wr& post, std::uint64_t payload_length) const {
+  switch (wr.opcode) {
+    case IBV_WR_ATOMIC_CMP_AND_SWP:
+    case IBV_WR_ATOMIC_FETCH_AND_ADD:
+      return &post.wr.atomic.rkey;
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+    case IBV_WR_RDMA_READ:
+      return payload_length > 0 ? &post.wr.rdma.rkey : nullptr;
+    default:
+      return nullptr;
+  }
+}
+
 RetransmitRing::RetransmitRing(std::uint32_t capacity, std::uint32_t max_sge,
                                std::uint32_t max_inline)
     : capacity_(std::clamp<std::uint32_t>(capacity, 1, kMaxCapacity)),
@@ -95,6 +109,16 @@ const ibv_sge* RetransmitRing::sges(const SendRecord& record) const {
 const std::uint8_t* RetransmitRing::inline_data(const SendRecord& record) const {
   const auto slot = static_cast<std::size_t>(&record - records_.data());
   return &inline_storage_[slot * max_inline_];
+}
+
+std::uint64_t RetransmitRing::payload_length(const SendRecord& record) const {
+  if (record.inline_length > 0 || (record.wr.send_flags & IBV_SEND_INLINE)) {
+    return record.inline_length;
+  }
+  const ibv_sge* list = sges(record);
+  std::uint64_t length = 0;
+  for (std::uint32_t i = 0; i < record.num_sge; ++i) length += list[i].length;
+  return length;
 }
 
 }  // namespace vf

@@ -24,6 +24,12 @@ struct SendRecord {
   bool signaled = false;  // a completion will report it (IBV_SEND_SIGNALED or sq_sig_all)
   bool consumes_receive() const { return opcode_consumes_receive(wr.opcode); }
   bool is_atomic() const;
+  // The peer's key this request names, which a post on another device must translate: an RDMA
+  // or atomic request's rkey (in `post`, a copy of wr to be posted). None (nullptr) for a SEND,
+  // and for a zero-length RDMA WRITE or READ: the responder checks neither its address nor its
+  // rkey (IBA C9-88), and programs leave them unset (rsockets' control messages are
+  // zero-length WRITE_WITH_IMMs whose rkey is stack garbage).
+  std::uint32_t* remote_key_in(ibv_send_wr& post, std::uint64_t payload_length) const;
   static constexpr bool opcode_consumes_receive(ibv_wr_opcode opcode) {
     return opcode == IBV_WR_SEND || opcode == IBV_WR_SEND_WITH_IMM ||
            opcode == IBV_WR_RDMA_WRITE_WITH_IMM || opcode == IBV_WR_SEND_WITH_INV;
@@ -115,6 +121,8 @@ class RetransmitRing {
 
   const ibv_sge* sges(const SendRecord& record) const;
   const std::uint8_t* inline_data(const SendRecord& record) const;
+  // Bytes the request carries (its inline copy, or the sum of its SGEs).
+  std::uint64_t payload_length(const SendRecord& record) const;
 
   std::uint32_t outstanding() const { return static_cast<std::uint32_t>(tail_ - head_); }
   std::uint32_t capacity() const { return capacity_; }

@@ -17,6 +17,7 @@
 #include "core/control_message.h"
 #include "core/receive_ring.h"
 #include "core/retransmit_ring.h"
+#include "core/shadow_events.h"
 #include "core/spin_lock.h"
 
 namespace vf {
@@ -99,10 +100,9 @@ struct CqState {
   std::atomic<bool> stash_nonempty{false};  // hint read before taking the lock
   std::atomic<bool> shadow_active{false};   // some QP's traffic runs on the shadow
   std::atomic<bool> notify_armed{false};    // the application armed it since the last stash event
-  // Completion events of the shadow not yet handed to the application's channel, and those
+  // Completion events of the shadow (or the stash) due to the application's channel, and those
   // handed out and not yet acknowledged by it (ibv_ack_cq_events is split accordingly).
-  std::atomic<std::uint32_t> shadow_events_pending{0};
-  std::atomic<std::uint32_t> shadow_events_unacked{0};
+  ShadowEvents shadow_events;
   int wake_fd = -1;  // eventfd of the application's channel record (engine-owned)
 
   // Under lock (engine): a completion the engine made (synthesized, released, flushed) goes ahead

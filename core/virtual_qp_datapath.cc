@@ -21,17 +21,6 @@ namespace {
 
 DatapathServices g_services;
 
-bool uses_remote_key(ibv_wr_opcode opcode) {
-  return opcode == IBV_WR_RDMA_WRITE || opcode == IBV_WR_RDMA_WRITE_WITH_IMM ||
-         opcode == IBV_WR_RDMA_READ;
-}
-
-std::uint64_t total_length(const ibv_sge* sges, int num_sge) {
-  std::uint64_t length = 0;
-  for (int i = 0; i < num_sge; ++i) length += sges[i].length;
-  return length;
-}
-
 // ibv_post_send's and ibv_post_recv's contract: every request before *bad_wr was posted (rxe and
 // mlx5 post them). The first `count` requests of the chain `wr` (recorded: the shim refused the
 // one after them) go to the provider through `post`, as copies linked among themselves, a few at
@@ -76,7 +65,11 @@ bool sges_for_path(int p, int primary_device, const ibv_sge* recorded, std::uint
                    ibv_sge* out, std::uint32_t* missing) {
   for (std::uint32_t i = 0; i < count; ++i) {
     out[i] = recorded[i];
+    // A zero-length SGE names no memory: providers skip it without looking at its lkey (mlx5,
+    // rxe), and programs may leave that unset. Its key goes as it is when it has no twin.
     if (p == kStandby && !g_services.translate_lkey(primary_device, recorded[i].lkey, &out[i].lkey)) {
+      out[i].lkey = recorded[i].lkey;
+      if (recorded[i].length == 0) continue;
       *missing = recorded[i].lkey;
       return false;
     }
@@ -297,16 +290,9 @@ bool VirtualQp::post_one_send(const SendRecord& record, int p, bool* missing_key
   wr.sg_list = sges;
   if (p == kStandby) {
     wr.wr_id = record.sequence;
-    std::uint32_t* rkey = uses_remote_key(wr.opcode)       ? &wr.wr.rdma.rkey
-                          : record.is_atomic()          ? &wr.wr.atomic.rkey
-                                                           : nullptr;
-    // A zero-length RDMA WRITE or READ names no remote memory: the responder checks neither its
-    // address nor its rkey (IBA C9-88), and programs leave them unset (rsockets' control
-    // messages are zero-length WRITE_WITH_IMMs whose rkey is stack garbage). Translating it
-    // would fail for good and hold the QP's sends for ever.
-    if (rkey != nullptr && !record.is_atomic() && total_length(sges, wr.num_sge) == 0) {
-      rkey = nullptr;
-    }
+    // A key that names nothing (a zero-length RDMA's) is not translated: that would fail for
+    // good and hold the QP's sends for ever.
+    std::uint32_t* rkey = record.remote_key_in(wr, send_ring_.payload_length(record));
     if (rkey != nullptr && !g_services.translate_rkey(peer, *rkey, rkey)) {
       *missing_key = true;
       return false;
@@ -601,8 +587,7 @@ bool CqState::stash_for_application(const ibv_wc& wc) {
   stash_nonempty.store(true, std::memory_order_relaxed);
   // An application asleep in ibv_get_cq_event on an armed CQ must learn of it: no device will
   // raise an event for a completion that sits in the stash.
-  if (wake_fd >= 0 && notify_armed.exchange(false)) {
-    shadow_events_pending.fetch_add(1);
+  if (wake_fd >= 0 && notify_armed.exchange(false) && shadow_events.add_due()) {
     eventfd_write(wake_fd, 1);
   }
   return true;

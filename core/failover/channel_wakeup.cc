@@ -22,12 +22,7 @@ namespace {
 // One event of a shadow CQ (or of the stash) handed to the application as its CQ's, if any.
 bool take_shadow_event(const std::vector<CqState*>& cqs, ibv_cq** cq, void** cq_context) {
   for (CqState* state : cqs) {
-    std::uint32_t pending = state->shadow_events_pending.load();
-    while (pending > 0 &&
-           !state->shadow_events_pending.compare_exchange_weak(pending, pending - 1)) {
-    }
-    if (pending > 0) {
-      state->shadow_events_unacked.fetch_add(1);
+    if (state->shadow_events.hand_out()) {
       *cq = state->app_cq;
       *cq_context = state->app_cq->cq_context;
       return true;
@@ -49,15 +44,22 @@ int wait_unreplaced(ibv_comp_channel* channel, int wake_fd, const std::vector<Cq
   for (;;) {
     if (take_shadow_event(cqs, cq, cq_context)) return 0;
     pollfd fds[2] = {{channel->fd, POLLIN, 0}, {wake_fd, POLLIN, 0}};
-    const bool blocking = !(fcntl(channel->fd, F_GETFL) & O_NONBLOCK);
+    // Not a file's flags (EBADF): the real verb is next, and reports it.
+    const int flags = fcntl(channel->fd, F_GETFL);
+    const bool blocking = flags >= 0 && !(flags & O_NONBLOCK);
     const int ready = ::poll(fds, 2, blocking ? -1 : 0);
-    if (ready < 0 && errno == EINTR) continue;
+    if (ready < 0) {
+      if (errno == EINTR) continue;
+      return -1;  // poll's own failure (ENOMEM), errno set
+    }
     if (fds[1].revents & POLLIN) {
       eventfd_t token = 0;
       eventfd_read(wake_fd, &token);
       return kLookAgain;
     }
-    if (fds[0].revents & POLLIN || !blocking) return -2;  // the real event (or EAGAIN) is next
+    // The real event is next, or the file's error (a hang-up or error never turns into POLLIN:
+    // waiting on for it would spin), or EAGAIN on a non-blocking fd.
+    if ((fds[0].revents & (POLLIN | POLLERR | POLLHUP | POLLNVAL)) || !blocking) return -2;
   }
 }
 

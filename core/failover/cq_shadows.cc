@@ -48,26 +48,46 @@ void cq_created(Engine& e, ibv_cq* cq, ibv_comp_channel* channel) {
   e.cqs[cq] = std::move(state);
 }
 
-void cq_destroying(Engine& e, ibv_cq* cq) {
-  auto it = e.cqs.find(cq);
-  if (it == e.cqs.end()) return;
-  CqState* state = it->second.get();
+namespace {
+
+// A QP still uses it: the provider refuses the destroy (EBUSY) and the CQ lives on.
+bool in_use(Engine& e, const CqState* state) {
   for (auto& [key, p] : e.protections) {
-    // A QP still uses it: the provider refuses the destroy (EBUSY) and the CQ lives on.
-    if (!p.destroyed && (p.qp->send_cq == state || p.qp->recv_cq == state)) return;
+    if (!p.destroyed && (p.qp->send_cq == state || p.qp->recv_cq == state)) return true;
   }
-  datapath_registries::cqs_by_address.erase(cq);
-  state->lock.lock();  // no poller is inside any more
-  state->lock.unlock();
-  if (state->shadow != nullptr) e.verbs.destroy_cq(state->shadow);
+  return false;
+}
+
+}  // namespace
+
+bool cq_close_events(Engine& e, ibv_cq* cq) {
+  auto it = e.cqs.find(cq);
+  if (it == e.cqs.end()) return true;
+  CqState* state = it->second.get();
+  if (in_use(e, state)) return false;
+  // No event of it is handed out or announced from here on; those due and not taken go with
+  // it, and so do their tokens (tokens are any CQ's of the channel: a waiter that took one of
+  // these meanwhile takes another CQ's event with it, or finds nothing and waits again).
+  const std::uint32_t due = state->shadow_events.close();
   for (auto& [ptr, channel] : e.channels) {
     if (std::erase(channel.cqs, state) == 0) continue;
-    // Its events nobody took go with it, and so do their tokens (channel_wakeup.cc).
-    for (std::uint32_t n = state->shadow_events_pending.exchange(0); n > 0; --n) {
+    for (std::uint32_t n = due; n > 0; --n) {
       eventfd_t token = 0;
       eventfd_read(channel.wake_fd, &token);
     }
   }
+  return true;
+}
+
+void cq_destroying(Engine& e, ibv_cq* cq) {
+  auto it = e.cqs.find(cq);
+  if (it == e.cqs.end()) return;
+  CqState* state = it->second.get();
+  if (!cq_close_events(e, cq)) return;
+  datapath_registries::cqs_by_address.erase(cq);
+  state->lock.lock();  // no poller is inside any more
+  state->lock.unlock();
+  if (state->shadow != nullptr) e.verbs.destroy_cq(state->shadow);
   // The record itself stays: a thread that read the registry just before the erase may still
   // hold it (CQ destruction is rare; the few bytes are not worth a use-after-free).
   it->second.release();
@@ -128,14 +148,7 @@ bool ensure_shadow(Engine& e, CqState& state, int backup_device) {
 unsigned int ack_cq_events(ibv_cq* cq, unsigned int nevents) {
   CqState* state = find_cq_state(cq);
   if (state == nullptr) return nevents;
-  std::uint32_t unacked = state->shadow_events_unacked.load();
-  for (;;) {
-    const std::uint32_t take = std::min<std::uint32_t>(unacked, nevents);
-    if (state->shadow_events_unacked.compare_exchange_weak(unacked, unacked - take)) {
-      if (take > 0) state->shadow_events_unacked.notify_all();  // a destroy may wait for it
-      return nevents - take;
-    }
-  }
+  return nevents - state->shadow_events.acknowledge(nevents);
 }
 
 void req_notify(ibv_cq* cq, int solicited_only) {

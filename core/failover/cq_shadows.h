@@ -12,6 +12,10 @@ namespace vf::failover {
 // (the shadow goes first), after a successful ibv_resize_cq.
 void cq_created(Engine& e, ibv_cq* cq, ibv_comp_channel* channel);
 void cq_destroying(Engine& e, ibv_cq* cq);
+// ibv_destroy_cq's first step: false when a QP still uses the CQ (the provider will refuse with
+// EBUSY: nothing changes); else no shadow event of the CQ is handed out or announced any more,
+// and the caller waits (without the mutex) for those handed out to be acknowledged.
+bool cq_close_events(Engine& e, ibv_cq* cq);
 void cq_resized(Engine& e, ibv_cq* cq);
 
 // The shadow CQ of an application CQ on the backup device (with a shadow completion channel

@@ -40,8 +40,7 @@ void handle_shadow_channel(Engine& e, ChannelState& channel) {
       // One event per arming, as on the application's CQ: its ibv_req_notify_cq re-arms both.
       // Counted first, then announced: the semaphore eventfd never holds more tokens than there
       // are events to take (channel_wakeup.cc).
-      state->shadow_events_pending.fetch_add(1);
-      eventfd_write(channel.wake_fd, 1);
+      if (state->shadow_events.add_due()) eventfd_write(channel.wake_fd, 1);
     }
   }
 }

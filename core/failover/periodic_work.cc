@@ -124,13 +124,16 @@ void periodic_work(Engine& e) {
       bool found = false;
       v.lock().lock();
       v.send_ring().for_each_from(v.next_send_to_post(), [&](const SendRecord& record) {
+        // The first request not posted is the one whose key was missing (post_pending stops
+        // there); the same rule as the post says which key it names, if any.
+        ibv_send_wr copy = record.wr;
+        const std::uint32_t* rkey =
+            record.remote_key_in(copy, v.send_ring().payload_length(record));
         std::uint32_t ignored = 0;
-        const std::uint32_t rkey = record.wr.opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
-                                           record.wr.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD
-                                       ? record.wr.wr.atomic.rkey
-                                       : record.wr.wr.rdma.rkey;
-        found = !translate_rkey(v.peer, rkey, &ignored);
-        missing = rkey;
+        if (rkey != nullptr && !translate_rkey(v.peer, *rkey, &ignored)) {
+          found = true;
+          missing = *rkey;
+        }
         return false;
       });
       v.lock().unlock();

@@ -91,7 +91,7 @@ VF_EXPORT int ibv_destroy_cq(ibv_cq* cq) {
     // As libibverbs waits for every event of the CQ to be acknowledged, the shim waits for the
     // shadow events it handed out: acknowledged after the CQ left the engine's records, they
     // would be counted against the real CQ, and the real destroy would wait for ever.
-    vf::FailoverEngine::instance().wait_shadow_events_acked(cq);
+    vf::FailoverEngine::instance().close_cq_events(cq);
     vf::FailoverEngine::instance().on_cq_destroy(cq);
     std::lock_guard lock(vf::shim::lifecycle_mutex());
     const int result = real_verbs().ibv_destroy_cq(cq);

@@ -183,7 +183,9 @@ void teardown_events(void);
 
 /* ------------------------------------------------------------------ exactly_once_traffic.c */
 
-enum { SIG = 1, INL = 2 };
+/* ZSGE: a zero-length request carries one SGE of length 0 whose lkey names nothing (providers
+   skip such SGEs: mlx5 and rxe never look at its lkey). */
+enum { SIG = 1, INL = 2, ZSGE = 4 };
 enum { POLL_A = 1, POLL_B = 2, POLL_BOTH = 3 };
 
 extern long g_cq_ex_cycles, g_cq_ex_left_early;
@@ -197,6 +199,7 @@ void stream(int rounds);
 int recvs_left(const struct side* s);
 struct side* qp_owner(struct side* s, const struct ibv_wc* wc);
 int poll_side(struct side* s);
+struct ibv_cq* hold_one_event(struct side* s);
 int all_done(void);
 int wait_for(int (*cond)(void), int which, const char* what);
 int b_got_all_msgs(void);

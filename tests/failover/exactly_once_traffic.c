@@ -97,6 +97,10 @@ static uint64_t post_op_seed(struct side* s, enum ibv_wr_opcode op, uint32_t len
   s->batch_src[i] = src;
   wr->sg_list = &s->batch_sge[i];
   wr->num_sge = len ? 1 : 0;
+  if (len == 0 && (flags & ZSGE)) {
+    s->batch_sge[i].lkey = 0xbad5ee ^ (uint32_t)wr_id;
+    wr->num_sge = 1;
+  }
   if (op != IBV_WR_SEND && op != IBV_WR_SEND_WITH_IMM) {
     wr->wr.rdma.remote_addr = (uintptr_t)(peer->buf + tgt);
     wr->wr.rdma.rkey = s->peer_rkey;
@@ -359,6 +363,42 @@ static int on_channel(struct side* s) {
   return n;
 }
 
+/* --events, before the teardown: one event got and not yet acknowledged, as a program holds one
+   between ibv_get_cq_event and ibv_ack_cq_events (its completion polled). Returns its CQ, or
+   NULL after a failure. */
+struct ibv_cq* hold_one_event(struct side* s) {
+  if (g_failures) return NULL; /* the run already failed: its QPs may be in error */
+  if (ibv_req_notify_cq(s->cq, 0) != 0) fail("%s: ibv_req_notify_cq", s->name);
+  const int want = s->n_sends + 1;
+  post_op(s, IBV_WR_RDMA_WRITE, 16, SIG, 0);
+  struct ibv_cq* cq = NULL;
+  const long long deadline = now_ms() + g_timeout_ms;
+  while (cq == NULL && now_ms() < deadline) {
+    fv.progress();
+    struct pollfd pfd = {.fd = s->channel->fd, .events = POLLIN};
+    if (poll(&pfd, 1, 0) != 1) {
+      sched_yield();
+      continue;
+    }
+    void* context = NULL;
+    if (ibv_get_cq_event(s->channel, &cq, &context) != 0) {
+      fail("%s: ibv_get_cq_event: %s", s->name, strerror(errno));
+      return NULL;
+    }
+  }
+  if (cq == NULL) {
+    fail("%s: no event for a signaled write within %d ms", s->name, g_timeout_ms);
+    return NULL;
+  }
+  ++s->cq_events;
+  while (s->got_sends < want && now_ms() < deadline) {
+    fv.progress();
+    if (poll_cq(s, s->cq) == 0) sched_yield();
+  }
+  if (s->got_sends < want) fail("%s: the held event's write never completed", s->name);
+  return cq;
+}
+
 /* Polls (each poll is a progress step of the fake) until cond() holds; stops early on a failure
    so that a broken run ends at once. 0 = reached. With --events it polls only the CQs whose
    channel woke, and the fake's own progress stands in for the NIC working by itself. */
@@ -420,7 +460,7 @@ void after_round(void) {
   stream(1);
   post_op(&g_b, IBV_WR_RDMA_WRITE, 333, SIG, 0);
   post_op(&g_a, IBV_WR_RDMA_WRITE, 0, SIG, 0); /* no rkey to translate (rsockets' control) */
-  post_op(&g_b, IBV_WR_RDMA_WRITE, 0, SIG, 0);
+  post_op(&g_b, IBV_WR_RDMA_WRITE, 0, SIG | ZSGE, 0); /* nor an lkey */
   wait_for(all_done, POLL_BOTH, "traffic after the failover");
 }
 
