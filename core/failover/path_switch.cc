@@ -53,6 +53,28 @@ void post_switch_reset(Engine& e, Protection& p, int old_path) {
   p.rearm[old_path].awaiting = false;
 }
 
+// After finish_switch completed the requests of a QP with an atomic lost in flight as RC would
+// (an error, then flushes): the path its traffic now uses goes to ERR, so that its receives and
+// every later request flush as on the application's QP in ERR, and the pair ends (the peer is
+// told).
+void fail_for_lost_atomic(Engine& e, Protection& p, std::uint64_t atomic_wr_id) {
+  VirtualQp& v = *p.qp;
+  const int path = v.active_path();
+  const std::string why = fmt::format(
+      "atomic wr_id={:#x} was in flight when the {} path failed: whether it executed cannot be "
+      "known and its result may be lost, so the QP fails as RC would (an error, then every later "
+      "request and receive flushed)",
+      atomic_wr_id, path_name(other_path(path)));
+  VF_LOG_ERROR("qp {}: an atomic was lost in flight; the QP fails (its errors go to the "
+               "application)",
+               v.vqpn);
+  if (!to_error(e, v.path[path].qp, path == kPrimary)) {
+    VF_LOG_WARN("qp {}: moving its {} QP to ERR failed; its receives are not flushed", v.vqpn,
+                path_name(path));
+  }
+  end_pair(e, p, why);
+}
+
 }  // namespace
 
 void finish_switch(Engine& e, Protection& p) {
@@ -69,35 +91,49 @@ void finish_switch(Engine& e, Protection& p) {
         v.vqpn, sw.peer_count, v.send_ring().messages_posted());
     v.send_ring().replay_set(0, replay, unrecoverable);
   }
+  // An atomic in flight cannot be replayed (it may have executed; its result may be lost), and
+  // RC's only outcome then is an error for the first request it could not complete and a flush
+  // for every later one, fenced or not: the QP fails here as it would have without the shim
+  // (issue 19 item 10, docs/design.md §5h). That first request is the earliest the peer did not
+  // prove done: a request before the atomic that needed a replay would complete after it.
+  const std::uint64_t first_lost =
+      unrecoverable.empty()
+          ? UINT64_MAX
+          : std::min(unrecoverable.front()->sequence,
+                     replay.empty() ? UINT64_MAX : replay.front()->sequence);
+  if (first_lost != UINT64_MAX) replay.clear();
   std::vector<std::uint64_t> keep;
   keep.reserve(replay.size());
   for (const SendRecord* record : replay) keep.push_back(record->sequence);
   const std::uint64_t posted_before = v.next_send_to_post();
   // What the peer proved done completes now (its acknowledgement was lost with the path), in
-  // order; atomics that may have executed complete with an error (docs/design.md §5).
+  // order (docs/design.md §5).
   v.send_ring().for_each([&](const SendRecord& record) {
-    if (record.sequence >= posted_before) return;  // never posted: nothing to prove
-    const bool replaying = std::binary_search(keep.begin(), keep.end(), record.sequence);
-    if (replaying) return;
-    const bool atomic = record.is_atomic();
-    if (!record.signaled && !atomic) return;
     ibv_wc wc{};
     wc.wr_id = record.wr.wr_id;
-    wc.status = atomic ? IBV_WC_RETRY_EXC_ERR : IBV_WC_SUCCESS;
     wc.opcode = wc_opcode_of(record.wr.opcode);
     wc.qp_num = v.vqpn;
-    if (atomic) {
-      VF_LOG_ERROR(
-          "qp {}: atomic wr_id={:#x} was in flight when the {} path failed; whether it "
-          "executed cannot be known, so it completes with an error",
-          v.vqpn, record.wr.wr_id, path_name(sw.from));
+    if (record.sequence >= first_lost) {
+      // A device reports every failed or flushed request, signaled or not.
+      wc.status = record.sequence == first_lost ? IBV_WC_RETRY_EXC_ERR : IBV_WC_WR_FLUSH_ERR;
+      if (v.send_cq->stash_for_application(wc)) ++synthesized;
+      return;
     }
+    if (record.sequence >= posted_before) return;  // never posted: nothing to prove
+    const bool replaying = std::binary_search(keep.begin(), keep.end(), record.sequence);
+    if (replaying || !record.signaled) return;
+    wc.status = IBV_WC_SUCCESS;
     if (v.send_cq->stash_for_application(wc)) ++synthesized;
   });
   v.send_ring().compact([&](const SendRecord& record) {
-    return record.sequence >= posted_before ||
-           std::binary_search(keep.begin(), keep.end(), record.sequence);
+    return record.sequence < first_lost &&
+           (record.sequence >= posted_before ||
+            std::binary_search(keep.begin(), keep.end(), record.sequence));
   });
+  if (first_lost != UINT64_MAX) {
+    // Its errors are shown: failed for good (no re-arm, no failback), as after a double failure.
+    v.application_failed.store(true);
+  }
   replayed = keep.size();
   std::uint64_t first = v.send_ring().next_sequence();
   v.send_ring().for_each_from(0, [&](const SendRecord& record) {
@@ -150,6 +186,7 @@ void finish_switch(Engine& e, Protection& p) {
     retire_shadow_if_unused(e, *v.send_cq);
     if (v.recv_cq != v.send_cq) retire_shadow_if_unused(e, *v.recv_cq);
   }
+  if (first_lost != UINT64_MAX) fail_for_lost_atomic(e, p, unrecoverable.front()->wr.wr_id);
 }
 
 bool begin_switch(Engine& e, Protection& p, int target, FailoverReason reason, std::uint32_t epoch,

@@ -1,0 +1,113 @@
+// An atomic in flight when a path fails (issue 19 item 10), on the rig of
+// tests/unit/engine_rig.h. Whether it executed at the responder cannot be known, and its result
+// may be lost, so it cannot be replayed; RC's only outcomes then are an error for it and a flush
+// for everything posted after it (the QP is in ERR). A later request that succeeds, fenced or
+// not, is an outcome RC never produces.
+#include "core/failover/periodic_work.h"
+#include "tests/unit/engine_rig.h"
+
+namespace {
+
+std::uint64_t g_atomic_target = 0;
+
+void post_fetch_add(Rig& rig, std::uint64_t wr_id) {
+  static std::uint64_t result = 0;
+  ibv_sge sge{reinterpret_cast<std::uintptr_t>(&result), sizeof result, 0};
+  ibv_send_wr wr{};
+  wr.wr_id = wr_id;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr.atomic.remote_addr = reinterpret_cast<std::uintptr_t>(&g_atomic_target);
+  wr.wr.atomic.rkey = 0x1234;
+  wr.wr.atomic.compare_add = 1;
+  ibv_send_wr* bad = nullptr;
+  REQUIRE(rig.v->post_send(&wr, &bad) == 0);
+}
+
+// Everything the application's CQ got from the switch, in order.
+std::vector<ibv_wc> stashed(Rig& rig) {
+  std::vector<ibv_wc> out(16);
+  out.resize(static_cast<std::size_t>(rig.cq_state->stash.pop(16, out.data())));
+  return out;
+}
+
+bool moved_to_error(const ibv_qp* qp) {
+  for (const ModifyCall& call : g_modifies) {
+    if (call.qp == qp && call.state == IBV_QPS_ERR) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("An atomic in flight at a failover: it fails, and nothing after it succeeds",
+          "[engine]") {
+  Rig rig;
+  rig.post_send(0x71);         // delivered before the cut
+  post_fetch_add(rig, 0x72);   // may or may not have executed
+  rig.post_send(0x73);         // delivered: so the atomic executed, but its result is lost
+  rig.post_send(0x74, false);  // not delivered, unsignaled
+  const std::size_t posted = g_posts.size();
+  auto request = rig.request_from_peer(1);
+  request.delivered_messages = 2;
+  rig.deliver(request);
+
+  const std::vector<ibv_wc> wcs = stashed(rig);
+  REQUIRE(wcs.size() == 4);
+  CHECK(wcs[0].wr_id == 0x71);
+  CHECK(wcs[0].status == IBV_WC_SUCCESS);
+  CHECK(wcs[1].wr_id == 0x72);
+  CHECK(wcs[1].status == IBV_WC_RETRY_EXC_ERR);
+  CHECK(wcs[1].opcode == IBV_WC_FETCH_ADD);
+  // Flushed, the unsignaled one too (a device reports every flushed request).
+  CHECK(wcs[2].wr_id == 0x73);
+  CHECK(wcs[2].status == IBV_WC_WR_FLUSH_ERR);
+  CHECK(wcs[3].wr_id == 0x74);
+  CHECK(wcs[3].status == IBV_WC_WR_FLUSH_ERR);
+  for (const ibv_wc& wc : wcs) CHECK(wc.qp_num == 17);
+  CHECK(g_posts.size() == posted);  // nothing replayed
+  CHECK(rig.v->send_ring().outstanding() == 0);
+  // The QP is failed for good, as the application's QP would be: the path its receives and later
+  // requests go to is in ERR (they flush), no path is re-armed, and the peer is told.
+  CHECK(rig.v->application_failed.load());
+  CHECK(moved_to_error(&rig.standby_qp));
+  CHECK(rig.p->ended);
+  CHECK_FALSE(rig.p->rearm[vf::kPrimary].needed);
+  CHECK(rig.sent<vf::PairEnded>().size() == 1);
+  vf::failover::periodic_work(*rig.e);  // nothing more: no re-arm asked, no second notice
+  CHECK(rig.sent<vf::Rearm>().empty());
+  CHECK(rig.sent<vf::PairEnded>().size() == 1);
+}
+
+TEST_CASE("An atomic in flight at a failover: earlier requests not delivered flush with it",
+          "[engine]") {
+  // RC reports the first request it could not complete with the error, and flushes the rest:
+  // a request before the atomic that must be replayed would complete after the atomic's error.
+  Rig rig;
+  rig.post_send(0x81);  // not delivered
+  post_fetch_add(rig, 0x82);
+  auto request = rig.request_from_peer(1);
+  request.delivered_messages = 0;
+  const std::size_t posted = g_posts.size();
+  rig.deliver(request);
+  const std::vector<ibv_wc> wcs = stashed(rig);
+  REQUIRE(wcs.size() == 2);
+  CHECK(wcs[0].wr_id == 0x81);
+  CHECK(wcs[0].status == IBV_WC_RETRY_EXC_ERR);
+  CHECK(wcs[1].wr_id == 0x82);
+  CHECK(wcs[1].status == IBV_WC_WR_FLUSH_ERR);
+  CHECK(g_posts.size() == posted);
+}
+
+TEST_CASE("A failover with no atomic in flight still replays", "[engine]") {
+  Rig rig;
+  rig.post_send(0x91);
+  auto request = rig.request_from_peer(1);
+  request.delivered_messages = 0;
+  rig.deliver(request);
+  CHECK(rig.v->counters.replayed_wrs.load() == 1);
+  CHECK_FALSE(rig.v->application_failed.load());
+  CHECK(stashed(rig).empty());
+}
