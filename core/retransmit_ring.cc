@@ -9,6 +9,22 @@ bool SendRecord::is_atomic() const {
   return wr.opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wr.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
 }
 
+ibv_wc_opcode SendRecord::completion_opcode() const {
+  switch (wr.opcode) {
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+      return IBV_WC_RDMA_WRITE;
+    case IBV_WR_RDMA_READ:
+      return IBV_WC_RDMA_READ;
+    case IBV_WR_ATOMIC_CMP_AND_SWP:
+      return IBV_WC_COMP_SWAP;
+    case IBV_WR_ATOMIC_FETCH_AND_ADD:
+      return IBV_WC_FETCH_ADD;
+    default:
+      return IBV_WC_SEND;
+  }
+}
+
 std::uint32_t* SendRecord::remote_key_in(ibv_send_wr& post, std::uint64_t payload_length) const {
   switch (wr.opcode) {
     case IBV_WR_ATOMIC_CMP_AND_SWP:
@@ -44,13 +60,14 @@ void RetransmitRing::drop_newest(std::uint32_t count) {
   }
 }
 
-bool RetransmitRing::retire_next_signaled(std::uint64_t wr_id) {
-  if (sig_head_ == sig_tail_) return false;
+const SendRecord* RetransmitRing::retire_next_signaled(std::uint64_t wr_id) {
+  if (sig_head_ == sig_tail_) return nullptr;
   const std::uint64_t position = signaled_[sig_head_ & mask_];
-  if (records_[slot_of(position)].wr.wr_id != wr_id) return false;
+  const SendRecord& entry = records_[slot_of(position)];
+  if (entry.wr.wr_id != wr_id) return nullptr;
   head_ = position + 1;
   ++sig_head_;
-  return true;
+  return &entry;
 }
 
 bool RetransmitRing::retire_sequence(std::uint64_t sequence, SendRecord& out) {

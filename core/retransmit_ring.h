@@ -22,8 +22,14 @@ struct SendRecord {
   std::uint32_t num_sge = 0;
   std::uint32_t inline_length = 0;
   bool signaled = false;  // a completion will report it (IBV_SEND_SIGNALED or sq_sig_all)
+  // Proven done by the peer, but behind a request being replayed: it goes again as a zero-length
+  // RDMA WRITE (no remote effect, no receive consumed), only so that its completion comes in
+  // posting order, after the replayed one's (finish_switch).
+  bool stand_in = false;
   bool consumes_receive() const { return opcode_consumes_receive(wr.opcode); }
   bool is_atomic() const;
+  // What a completion of this request says it was.
+  ibv_wc_opcode completion_opcode() const;
   // The peer's key this request names, which a post on another device must translate: an RDMA
   // or atomic request's rkey (in `post`, a copy of wr to be posted). None (nullptr) for a SEND,
   // and for a zero-length RDMA WRITE or READ: the responder checks neither its address nor its
@@ -67,12 +73,21 @@ class RetransmitRing {
   void drop_newest(std::uint32_t count);
   // A successful completion on a path that carries the application's own wr_id: RC completes in
   // order, so it belongs to the oldest signaled request; it and everything before it retire.
-  // False when no signaled request is outstanding or its wr_id differs (the caller then treats
-  // the completion as not the ring's: an application error path, logged).
-  bool retire_next_signaled(std::uint64_t wr_id);
+  // Null when no signaled request is outstanding or its wr_id differs (the caller then treats
+  // the completion as not the ring's: an application error path, logged); else the retired
+  // request, valid until the next record().
+  const SendRecord* retire_next_signaled(std::uint64_t wr_id);
   // A successful completion on a path that carries the ring's sequence as wr_id: copies the
   // request out (for the application's wr_id and opcode) and retires it and everything earlier.
   bool retire_sequence(std::uint64_t sequence, SendRecord& out);
+  // Marks an outstanding request as a stand-in (SendRecord::stand_in).
+  void make_stand_in(std::uint64_t sequence) {
+    for (std::uint64_t position = head_; position < tail_; ++position) {
+      SendRecord& entry = records_[slot_of(position)];
+      if (entry.sequence == sequence) entry.stand_in = true;
+      if (entry.sequence >= sequence) return;
+    }
+  }
   // The outstanding request with this sequence, or nullptr (nothing retires).
   const SendRecord* find_sequence(std::uint64_t sequence) const {
     for (std::uint64_t position = head_; position < tail_; ++position) {
@@ -195,6 +210,7 @@ class RetransmitRing {
   entry.inline_length = inline_length;
   const bool signaled = signal_all || (wr.send_flags & IBV_SEND_SIGNALED) != 0;
   entry.signaled = signaled;
+  entry.stand_in = false;
   messages_posted_ += SendRecord::opcode_consumes_receive(wr.opcode) ? 1 : 0;
   entry.message_index = messages_posted_;
   if (signaled) push_signaled(tail_);

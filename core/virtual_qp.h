@@ -330,6 +330,7 @@ class VirtualQp {
   [[gnu::cold]] void drop_unposted_recvs_locked(ibv_recv_wr* wr, const ibv_recv_wr* bad,
                                                 std::uint32_t recorded);
   bool post_one_send(const SendRecord& record, int path, bool* missing_key);
+  [[gnu::cold]] bool post_stand_in(const SendRecord& record, int path);
   bool post_one_recv(std::uint64_t position, const ReceiveRecord& record, const ibv_sge* sges,
                      int path);
   bool on_error_completion(CqState& cq, int path, ibv_wc& wc);

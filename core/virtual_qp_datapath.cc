@@ -266,7 +266,27 @@ int VirtualQp::post_recv_routed(ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
   return error;
 }
 
+// A request the peer proved done, behind a replayed one (SendRecord::stand_in): a signaled
+// zero-length RDMA WRITE names no memory on either side and consumes no receive, and completes
+// in order after what precedes it. Its completion gets the request's opcode back.
+bool VirtualQp::post_stand_in(const SendRecord& record, int p) {
+  ibv_send_wr wr{};
+  wr.wr_id = p == kStandby ? record.sequence : record.wr.wr_id;
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.send_flags = IBV_SEND_SIGNALED | (record.wr.send_flags & IBV_SEND_FENCE);
+  ibv_send_wr* bad = nullptr;
+  const int result = p == kPrimary ? provider->post_send(app_qp, &wr, &bad)
+                                   : path[p].qp->context->ops.post_send(path[p].qp, &wr, &bad);
+  if (result != 0) {
+    VF_LOG_ERROR("qp {}: posting the stand-in of wr_id={:#x} on the {} path failed ({})", vqpn,
+                 record.wr.wr_id, p == kPrimary ? "primary" : "standby", result);
+    return false;
+  }
+  return true;
+}
+
 bool VirtualQp::post_one_send(const SendRecord& record, int p, bool* missing_key) {
+  if (__builtin_expect(record.stand_in, 0)) return post_stand_in(record, p);
   ibv_send_wr wr = record.wr;
   wr.next = nullptr;
   ibv_sge sges[RetransmitRing::kMaxSge];
@@ -519,7 +539,10 @@ bool VirtualQp::on_completion_locked(CqState& cq, int p, ibv_wc& wc) {
       if (receive) {
         recv_ring_.consume_oldest(wc.wr_id);
       } else {
-        send_ring_.retire_next_signaled(wc.wr_id);
+        const SendRecord* retired = send_ring_.retire_next_signaled(wc.wr_id);
+        if (__builtin_expect(retired != nullptr && retired->stand_in, 0)) {
+          wc.opcode = retired->completion_opcode();
+        }
       }
     }
   } else {
@@ -540,6 +563,7 @@ bool VirtualQp::on_completion_locked(CqState& cq, int p, ibv_wc& wc) {
         return false;
       }
       wc.wr_id = record.wr.wr_id;
+      if (record.stand_in) wc.opcode = record.completion_opcode();
     }
   }
   if (__builtin_expect(awaiting_resume.load(std::memory_order_relaxed), 0)) {

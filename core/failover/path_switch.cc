@@ -23,22 +23,6 @@ namespace vf::failover {
 
 namespace {
 
-ibv_wc_opcode wc_opcode_of(ibv_wr_opcode opcode) {
-  switch (opcode) {
-    case IBV_WR_RDMA_WRITE:
-    case IBV_WR_RDMA_WRITE_WITH_IMM:
-      return IBV_WC_RDMA_WRITE;
-    case IBV_WR_RDMA_READ:
-      return IBV_WC_RDMA_READ;
-    case IBV_WR_ATOMIC_CMP_AND_SWP:
-      return IBV_WC_COMP_SWAP;
-    case IBV_WR_ATOMIC_FETCH_AND_ADD:
-      return IBV_WC_FETCH_ADD;
-    default:
-      return IBV_WC_SEND;
-  }
-}
-
 void post_switch_reset(Engine& e, Protection& p, int old_path) {
   VirtualQp& v = *p.qp;
   PhysicalPath& old = v.path[old_path];
@@ -102,16 +86,31 @@ void finish_switch(Engine& e, Protection& p) {
           : std::min(unrecoverable.front()->sequence,
                      replay.empty() ? UINT64_MAX : replay.front()->sequence);
   if (first_lost != UINT64_MAX) replay.clear();
-  std::vector<std::uint64_t> keep;
-  keep.reserve(replay.size());
-  for (const SendRecord* record : replay) keep.push_back(record->sequence);
   const std::uint64_t posted_before = v.next_send_to_post();
+  // A signaled request proven done behind one being replayed (an RDMA_READ is always replayed)
+  // must not complete before it: RC completes a send queue in order. It goes again as a
+  // stand-in (SendRecord::stand_in) and completes after it.
+  const std::uint64_t first_replayed = replay.empty() ? UINT64_MAX : replay.front()->sequence;
+  std::vector<std::uint64_t> keep, stand_ins;  // in ring order: sorted
+  keep.reserve(replay.size());
+  std::size_t replay_next = 0;
+  v.send_ring().for_each([&](const SendRecord& record) {
+    if (replay_next < replay.size() && replay[replay_next]->sequence == record.sequence) {
+      keep.push_back(record.sequence);
+      ++replay_next;
+    } else if (record.sequence > first_replayed && record.sequence < posted_before &&
+               record.signaled) {
+      keep.push_back(record.sequence);
+      stand_ins.push_back(record.sequence);
+    }
+  });
+  for (std::uint64_t sequence : stand_ins) v.send_ring().make_stand_in(sequence);
   // What the peer proved done completes now (its acknowledgement was lost with the path), in
   // order (docs/design.md §5).
   v.send_ring().for_each([&](const SendRecord& record) {
     ibv_wc wc{};
     wc.wr_id = record.wr.wr_id;
-    wc.opcode = wc_opcode_of(record.wr.opcode);
+    wc.opcode = record.completion_opcode();
     wc.qp_num = v.vqpn;
     if (record.sequence >= first_lost) {
       // A device reports every failed or flushed request, signaled or not.
@@ -134,7 +133,8 @@ void finish_switch(Engine& e, Protection& p) {
     // Its errors are shown: failed for good (no re-arm, no failback), as after a double failure.
     v.application_failed.store(true);
   }
-  replayed = keep.size();
+  replayed = keep.size() - stand_ins.size();
+  synthesized += stand_ins.size();
   std::uint64_t first = v.send_ring().next_sequence();
   v.send_ring().for_each_from(0, [&](const SendRecord& record) {
     first = record.sequence;
@@ -176,9 +176,10 @@ void finish_switch(Engine& e, Protection& p) {
   p.resume_late_reported = false;
   VF_LOG_INFO(
       "qp {}: {} {} -> {} done ({}): peer had delivered {} message(s), we {}; replayed "
-      "{} request(s), completed {} proven done, in {:.3f} ms",
+      "{} request(s), completed {} proven done ({} behind a replay, by stand-ins), in {:.3f} ms",
       v.vqpn, event.kind, event.from, event.to, event.reason, sw.peer_count, sw.local_count,
-      replayed, synthesized, static_cast<double>(monotonic_ns() - sw.started_monotonic_ns) / 1e6);
+      replayed, synthesized, stand_ins.size(),
+      static_cast<double>(monotonic_ns() - sw.started_monotonic_ns) / 1e6);
   const int old_path = sw.from;
   sw.in_progress = false;
   post_switch_reset(e, p, old_path);
@@ -281,7 +282,7 @@ std::vector<ibv_wc> unposted_request_flushes_locked(const VirtualQp& v) {
     ibv_wc wc{};
     wc.wr_id = record.wr.wr_id;
     wc.status = IBV_WC_WR_FLUSH_ERR;
-    wc.opcode = wc_opcode_of(record.wr.opcode);
+    wc.opcode = record.completion_opcode();
     wc.qp_num = v.vqpn;
     flushed.push_back(wc);
     return true;

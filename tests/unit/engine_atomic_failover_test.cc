@@ -111,3 +111,57 @@ TEST_CASE("A failover with no atomic in flight still replays", "[engine]") {
   CHECK_FALSE(rig.v->application_failed.load());
   CHECK(stashed(rig).empty());
 }
+
+TEST_CASE("A request proven done behind a replayed READ completes after it, as a stand-in",
+          "[engine]") {
+  // RC completes a send queue in order: the SEND the peer received must not complete before the
+  // READ posted ahead of it, which is replayed (its response may have been lost).
+  Rig rig;
+  vf::DatapathServices services = vf::datapath_services();
+  services.translate_rkey = [](std::uint64_t, std::uint32_t rkey, std::uint32_t* out) {
+    *out = rkey;
+    return true;
+  };
+  vf::set_datapath_services(services);
+  static char buffer[8];
+  ibv_sge sge{reinterpret_cast<std::uintptr_t>(buffer), sizeof buffer, 0};
+  ibv_send_wr read{};
+  read.wr_id = 0xa1;
+  read.sg_list = &sge;
+  read.num_sge = 1;
+  read.opcode = IBV_WR_RDMA_READ;
+  read.send_flags = IBV_SEND_SIGNALED;
+  read.wr.rdma.rkey = 0x1234;
+  ibv_send_wr* bad = nullptr;
+  REQUIRE(rig.v->post_send(&read, &bad) == 0);
+  rig.post_send(0xa2);
+  const std::size_t posted = g_posts.size();
+  auto request = rig.request_from_peer(1);
+  request.delivered_messages = 1;  // the SEND arrived
+  rig.deliver(request);
+  CHECK(stashed(rig).empty());  // nothing completes ahead of the READ
+  REQUIRE(g_posts.size() == posted + 2);
+  CHECK(g_posts[posted].qp == &rig.standby_qp);
+  CHECK(g_posts[posted].opcode == IBV_WR_RDMA_READ);
+  // The SEND is not sent again: a zero-length WRITE stands in for it.
+  CHECK(g_posts[posted + 1].opcode == IBV_WR_RDMA_WRITE);
+  CHECK(g_posts[posted + 1].num_sge == 0);
+  CHECK(rig.v->counters.replayed_wrs.load() == 1);
+  // The standby completes both, in order: the application sees the READ, then its SEND.
+  ibv_wc read_done{};
+  read_done.wr_id = g_posts[posted].wr_id;
+  read_done.opcode = IBV_WC_RDMA_READ;
+  read_done.qp_num = 18;
+  ibv_wc stand_in_done{};
+  stand_in_done.wr_id = g_posts[posted + 1].wr_id;
+  stand_in_done.opcode = IBV_WC_RDMA_WRITE;
+  stand_in_done.qp_num = 18;
+  rig.v->lock().lock();
+  CHECK(rig.v->on_completion_locked(*rig.cq_state, vf::kStandby, read_done));
+  CHECK(rig.v->on_completion_locked(*rig.cq_state, vf::kStandby, stand_in_done));
+  rig.v->lock().unlock();
+  CHECK(read_done.wr_id == 0xa1);
+  CHECK(stand_in_done.wr_id == 0xa2);
+  CHECK(stand_in_done.opcode == IBV_WC_SEND);
+  CHECK(rig.v->send_ring().outstanding() == 0);
+}
