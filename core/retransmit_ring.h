@@ -80,14 +80,6 @@ class RetransmitRing {
   // A successful completion on a path that carries the ring's sequence as wr_id: copies the
   // request out (for the application's wr_id and opcode) and retires it and everything earlier.
   bool retire_sequence(std::uint64_t sequence, SendRecord& out);
-  // Marks an outstanding request as a stand-in (SendRecord::stand_in).
-  void make_stand_in(std::uint64_t sequence) {
-    for (std::uint64_t position = head_; position < tail_; ++position) {
-      SendRecord& entry = records_[slot_of(position)];
-      if (entry.sequence == sequence) entry.stand_in = true;
-      if (entry.sequence >= sequence) return;
-    }
-  }
   // The outstanding request with this sequence, or nullptr (nothing retires).
   const SendRecord* find_sequence(std::uint64_t sequence) const {
     for (std::uint64_t position = head_; position < tail_; ++position) {
@@ -107,6 +99,13 @@ class RetransmitRing {
     for (std::uint64_t position = head_; position < tail_; ++position) {
       const SendRecord& entry = records_[slot_of(position)];
       if (entry.sequence >= from && !visit(entry)) return;
+    }
+  }
+  // Outstanding requests, oldest first, for the engine to mark (SendRecord::stand_in).
+  template <typename Visit>
+  void for_each_mutable(Visit&& visit) {
+    for (std::uint64_t position = head_; position < tail_; ++position) {
+      visit(records_[slot_of(position)]);
     }
   }
   // Outstanding requests, oldest first.

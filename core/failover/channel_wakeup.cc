@@ -40,10 +40,12 @@ void close_if_open(int fd) {
 // next; -3: a token came, look at the channel again (its CQs may have changed).
 constexpr int kLookAgain = -3;
 int wait_unreplaced(ibv_comp_channel* channel, int wake_fd, const std::vector<CqState*>& cqs,
-                    ibv_cq** cq, void** cq_context) {
+                    bool has_shadow, ibv_cq** cq, void** cq_context) {
+  bool real_dead = false;  // its file failed while standby CQs carry traffic: wait on these
   for (;;) {
     if (take_shadow_event(cqs, cq, cq_context)) return 0;
-    pollfd fds[2] = {{channel->fd, POLLIN, 0}, {wake_fd, POLLIN, 0}};
+    // A negative fd is skipped by poll().
+    pollfd fds[2] = {{real_dead ? -1 : channel->fd, POLLIN, 0}, {wake_fd, POLLIN, 0}};
     // Not a file's flags (EBADF): the real verb is next, and reports it.
     const int flags = fcntl(channel->fd, F_GETFL);
     const bool blocking = flags >= 0 && !(flags & O_NONBLOCK);
@@ -57,9 +59,24 @@ int wait_unreplaced(ibv_comp_channel* channel, int wake_fd, const std::vector<Cq
       eventfd_read(wake_fd, &token);
       return kLookAgain;
     }
-    // The real event is next, or the file's error (a hang-up or error never turns into POLLIN:
-    // waiting on for it would spin), or EAGAIN on a non-blocking fd.
-    if ((fds[0].revents & (POLLIN | POLLERR | POLLHUP | POLLNVAL)) || !blocking) return -2;
+    if (fds[0].revents & POLLIN) return -2;  // the real event is next
+    // The file failed (a hang-up or error never turns into POLLIN: waiting on for it would
+    // spin). With CQs on the standby their events are still to come (as stop_watching_real does
+    // for a replaced channel); else the real verb reports the error.
+    if (fds[0].revents & (POLLERR | POLLHUP | POLLNVAL)) {
+      if (!has_shadow) return -2;
+      if (!real_dead) {
+        VF_LOG_WARN("completion channel {}: its event file on the primary device failed; its "
+                    "events now come from the standby path alone",
+                    static_cast<const void*>(channel));
+      }
+      real_dead = true;
+    }
+    if (!blocking) {
+      if (!real_dead) return -2;  // the real verb's EAGAIN
+      errno = EAGAIN;
+      return -1;
+    }
   }
 }
 
@@ -201,7 +218,8 @@ int get_cq_event(Engine& e, ibv_comp_channel* channel, ibv_cq** cq, void** cq_co
     ChannelView view = view_of(e, channel);
     if (!view.known) return -2;
     if (!view.replaced) {
-      const int result = wait_unreplaced(channel, view.wake_fd, view.cqs, cq, cq_context);
+      const int result =
+          wait_unreplaced(channel, view.wake_fd, view.cqs, view.has_shadow, cq, cq_context);
       if (result == kLookAgain) continue;
       return result;
     }

@@ -56,6 +56,13 @@ void fail_for_lost_atomic(Engine& e, Protection& p, std::uint64_t atomic_wr_id) 
     VF_LOG_WARN("qp {}: moving its {} QP to ERR failed; its receives are not flushed", v.vqpn,
                 path_name(path));
   }
+  // What was posted meanwhile now flushes there. On the primary the application's QP takes its
+  // posts itself from now on, as after any failure for good (release_held_errors).
+  v.lock().lock();
+  if (path == kPrimary) v.set_mode(PostMode::kBypass);
+  v.set_holding(false);
+  v.post_pending();
+  v.lock().unlock();
   end_pair(e, p, why);
 }
 
@@ -80,31 +87,44 @@ void finish_switch(Engine& e, Protection& p) {
   // for every later one, fenced or not: the QP fails here as it would have without the shim
   // (issue 19 item 10, docs/design.md §5h). That first request is the earliest the peer did not
   // prove done: a request before the atomic that needed a replay would complete after it.
-  const std::uint64_t first_lost =
-      unrecoverable.empty()
-          ? UINT64_MAX
-          : std::min(unrecoverable.front()->sequence,
-                     replay.empty() ? UINT64_MAX : replay.front()->sequence);
-  if (first_lost != UINT64_MAX) replay.clear();
+  // An atomic never posted (held during the switch, or behind a key the path lacked) is not
+  // lost: it goes on the new path like any request held.
   const std::uint64_t posted_before = v.next_send_to_post();
+  std::uint64_t lost_atomic = UINT64_MAX, lost_atomic_wr_id = 0;
+  for (const SendRecord* record : unrecoverable) {
+    if (record->sequence >= posted_before) break;
+    lost_atomic = record->sequence;
+    lost_atomic_wr_id = record->wr.wr_id;
+    break;
+  }
+  const std::uint64_t first_lost =
+      lost_atomic == UINT64_MAX
+          ? UINT64_MAX
+          : std::min(lost_atomic, replay.empty() ? UINT64_MAX : replay.front()->sequence);
+  if (first_lost != UINT64_MAX) replay.clear();
   // A signaled request proven done behind one being replayed (an RDMA_READ is always replayed)
-  // must not complete before it: RC completes a send queue in order. It goes again as a
-  // stand-in (SendRecord::stand_in) and completes after it.
-  const std::uint64_t first_replayed = replay.empty() ? UINT64_MAX : replay.front()->sequence;
-  std::vector<std::uint64_t> keep, stand_ins;  // in ring order: sorted
+  // must not complete before it: RC completes a send queue in order. On the standby it goes
+  // again as a stand-in (SendRecord::stand_in) and completes after it; the standby's peer QP is
+  // the shim's, which allows remote writes (a zero-length WRITE to a QP without
+  // IBV_ACCESS_REMOTE_WRITE fails on rxe and mlx5). On the primary, whose peer QP has the
+  // application's access flags, it completes at once (docs/design.md §5h).
+  const std::uint64_t first_replayed =
+      replay.empty() || sw.to != kStandby ? UINT64_MAX : replay.front()->sequence;
+  std::vector<std::uint64_t> keep;  // in ring order: sorted
+  std::size_t stand_ins = 0;
   keep.reserve(replay.size());
   std::size_t replay_next = 0;
-  v.send_ring().for_each([&](const SendRecord& record) {
+  v.send_ring().for_each_mutable([&](SendRecord& record) {
     if (replay_next < replay.size() && replay[replay_next]->sequence == record.sequence) {
       keep.push_back(record.sequence);
       ++replay_next;
     } else if (record.sequence > first_replayed && record.sequence < posted_before &&
                record.signaled) {
       keep.push_back(record.sequence);
-      stand_ins.push_back(record.sequence);
+      record.stand_in = true;
+      ++stand_ins;
     }
   });
-  for (std::uint64_t sequence : stand_ins) v.send_ring().make_stand_in(sequence);
   // What the peer proved done completes now (its acknowledgement was lost with the path), in
   // order (docs/design.md §5).
   v.send_ring().for_each([&](const SendRecord& record) {
@@ -131,20 +151,22 @@ void finish_switch(Engine& e, Protection& p) {
   });
   if (first_lost != UINT64_MAX) {
     // Its errors are shown: failed for good (no re-arm, no failback), as after a double failure.
+    // Posts stay held until the new path is in ERR (fail_for_lost_atomic): none may reach the
+    // peer once the application holds an error of an earlier request.
     v.application_failed.store(true);
   }
-  replayed = keep.size() - stand_ins.size();
-  synthesized += stand_ins.size();
+  replayed = keep.size() - stand_ins;
+  synthesized += stand_ins;
   std::uint64_t first = v.send_ring().next_sequence();
   v.send_ring().for_each_from(0, [&](const SendRecord& record) {
     first = record.sequence;
     return false;
   });
   v.restart_sends(first);
-  v.set_holding(false);
+  if (first_lost == UINT64_MAX) v.set_holding(false);
   v.link_error_seen.store(false);
   v.drop_held_errors();  // replaced by the replay
-  v.post_pending();
+  if (first_lost == UINT64_MAX) v.post_pending();
   if (v.send_ring().outstanding() == 0 && v.recv_ring().pending() == 0) {
     // Nothing to wait for on this side (a passive RDMA target): its traffic resumed with the
     // switch itself.
@@ -178,7 +200,7 @@ void finish_switch(Engine& e, Protection& p) {
       "qp {}: {} {} -> {} done ({}): peer had delivered {} message(s), we {}; replayed "
       "{} request(s), completed {} proven done ({} behind a replay, by stand-ins), in {:.3f} ms",
       v.vqpn, event.kind, event.from, event.to, event.reason, sw.peer_count, sw.local_count,
-      replayed, synthesized, stand_ins.size(),
+      replayed, synthesized, stand_ins,
       static_cast<double>(monotonic_ns() - sw.started_monotonic_ns) / 1e6);
   const int old_path = sw.from;
   sw.in_progress = false;
@@ -187,7 +209,7 @@ void finish_switch(Engine& e, Protection& p) {
     retire_shadow_if_unused(e, *v.send_cq);
     if (v.recv_cq != v.send_cq) retire_shadow_if_unused(e, *v.recv_cq);
   }
-  if (first_lost != UINT64_MAX) fail_for_lost_atomic(e, p, unrecoverable.front()->wr.wr_id);
+  if (first_lost != UINT64_MAX) fail_for_lost_atomic(e, p, lost_atomic_wr_id);
 }
 
 bool begin_switch(Engine& e, Protection& p, int target, FailoverReason reason, std::uint32_t epoch,

@@ -101,6 +101,29 @@ TEST_CASE("An atomic in flight at a failover: earlier requests not delivered flu
   CHECK(g_posts.size() == posted);
 }
 
+TEST_CASE("An atomic posted during a switch is not lost: it goes on the new path", "[engine]") {
+  Rig rig;
+  vf::DatapathServices services = vf::datapath_services();
+  services.translate_rkey = [](std::uint64_t, std::uint32_t rkey, std::uint32_t* out) {
+    *out = rkey;
+    return true;
+  };
+  vf::set_datapath_services(services);
+  vf::failover::on_port_change(*rig.e, 0, 1, IBV_PORT_DOWN);
+  REQUIRE(rig.p->sw.in_progress);
+  post_fetch_add(rig, 0xb1);  // held until the peer answers: it never left the host
+  CHECK(g_posts.empty());
+  vf::failover::handle_failover(*rig.e, rig.p->local, 0, 1, vf::kStandby, false,
+                                vf::FailoverReason::kPeerRequest);
+  REQUIRE_FALSE(rig.p->sw.in_progress);
+  CHECK_FALSE(rig.v->application_failed.load());
+  CHECK_FALSE(rig.p->ended);
+  CHECK(stashed(rig).empty());
+  REQUIRE(g_posts.size() == 1);
+  CHECK(g_posts[0].qp == &rig.standby_qp);
+  CHECK(g_posts[0].opcode == IBV_WR_ATOMIC_FETCH_AND_ADD);
+}
+
 TEST_CASE("A failover with no atomic in flight still replays", "[engine]") {
   Rig rig;
   rig.post_send(0x91);
@@ -146,6 +169,7 @@ TEST_CASE("A request proven done behind a replayed READ completes after it, as a
   // The SEND is not sent again: a zero-length WRITE stands in for it.
   CHECK(g_posts[posted + 1].opcode == IBV_WR_RDMA_WRITE);
   CHECK(g_posts[posted + 1].num_sge == 0);
+  CHECK((g_posts[posted + 1].send_flags & IBV_SEND_SIGNALED) != 0);  // or no completion comes
   CHECK(rig.v->counters.replayed_wrs.load() == 1);
   // The standby completes both, in order: the application sees the READ, then its SEND.
   ibv_wc read_done{};
@@ -164,4 +188,40 @@ TEST_CASE("A request proven done behind a replayed READ completes after it, as a
   CHECK(stand_in_done.wr_id == 0xa2);
   CHECK(stand_in_done.opcode == IBV_WC_SEND);
   CHECK(rig.v->send_ring().outstanding() == 0);
+}
+
+TEST_CASE("A failback completes a request proven done at once: no stand-in on the primary",
+          "[engine]") {
+  // The primary's peer QP has the application's access flags: a zero-length WRITE to a QP without
+  // IBV_ACCESS_REMOTE_WRITE fails (rxe, mlx5), so no stand-in goes there (a known limit).
+  Rig rig;
+  vf::DatapathServices services = vf::datapath_services();
+  services.translate_rkey = [](std::uint64_t, std::uint32_t rkey, std::uint32_t* out) {
+    *out = rkey;
+    return true;
+  };
+  vf::set_datapath_services(services);
+  rig.fail_over_and_rearm();
+  static char buffer[8];
+  ibv_sge sge{reinterpret_cast<std::uintptr_t>(buffer), sizeof buffer, 0};
+  ibv_send_wr read{};
+  read.wr_id = 0xc1;
+  read.sg_list = &sge;
+  read.num_sge = 1;
+  read.opcode = IBV_WR_RDMA_READ;
+  read.send_flags = IBV_SEND_SIGNALED;
+  ibv_send_wr* bad = nullptr;
+  REQUIRE(rig.v->post_send(&read, &bad) == 0);
+  rig.post_send(0xc2);
+  const std::size_t posted = g_posts.size();
+  auto request = rig.failback_request_from_peer(2);
+  request.delivered_messages = 1;
+  rig.deliver(request);
+  REQUIRE(rig.v->active_path() == vf::kPrimary);
+  for (std::size_t i = posted; i < g_posts.size(); ++i) {
+    CHECK(g_posts[i].opcode != IBV_WR_RDMA_WRITE);
+  }
+  const std::vector<ibv_wc> wcs = stashed(rig);
+  REQUIRE(wcs.size() == 1);
+  CHECK(wcs[0].wr_id == 0xc2);
 }

@@ -52,6 +52,7 @@ struct PostCall {
   std::uint64_t wr_id;
   ibv_wr_opcode opcode;  // of a request (a receive's: IBV_WR_SEND)
   int num_sge;
+  unsigned int send_flags;
 };
 std::vector<PostCall> g_posts;
 std::vector<PostCall> g_recv_posts;
@@ -66,7 +67,7 @@ int fake_post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
     }
     break;
   }
-  for (; wr != nullptr; wr = wr->next) g_recv_posts.push_back({qp, wr->wr_id, IBV_WR_SEND, wr->num_sge});
+  for (; wr != nullptr; wr = wr->next) g_recv_posts.push_back({qp, wr->wr_id, IBV_WR_SEND, wr->num_sge, 0});
   return 0;
 }
 // A request of this opcode is refused with EINVAL (as a device without memory windows refuses
@@ -78,7 +79,7 @@ int fake_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
       *bad = wr;
       return EINVAL;
     }
-    g_posts.push_back({qp, wr->wr_id, wr->opcode, wr->num_sge});
+    g_posts.push_back({qp, wr->wr_id, wr->opcode, wr->num_sge, wr->send_flags});
   }
   return 0;
 }

@@ -12,7 +12,7 @@ namespace {
 
 int post_srq(ibv_srq*, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   (void)bad;
-  for (; wr != nullptr; wr = wr->next) g_recv_posts.push_back({nullptr, wr->wr_id, IBV_WR_SEND, wr->num_sge});
+  for (; wr != nullptr; wr = wr->next) g_recv_posts.push_back({nullptr, wr->wr_id, IBV_WR_SEND, wr->num_sge, 0});
   return 0;
 }
 
