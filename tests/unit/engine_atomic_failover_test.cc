@@ -26,6 +26,30 @@ void post_fetch_add(Rig& rig, std::uint64_t wr_id) {
   REQUIRE(rig.v->post_send(&wr, &bad) == 0);
 }
 
+// The rig mirrors no registration: every rkey of the peer is taken as known on the standby.
+void every_rkey_known() {
+  vf::DatapathServices services = vf::datapath_services();
+  services.translate_rkey = [](std::uint64_t, std::uint32_t rkey, std::uint32_t* out) {
+    *out = rkey;
+    return true;
+  };
+  vf::set_datapath_services(services);
+}
+
+void post_read(Rig& rig, std::uint64_t wr_id) {
+  static char buffer[8];
+  ibv_sge sge{reinterpret_cast<std::uintptr_t>(buffer), sizeof buffer, 0};
+  ibv_send_wr read{};
+  read.wr_id = wr_id;
+  read.sg_list = &sge;
+  read.num_sge = 1;
+  read.opcode = IBV_WR_RDMA_READ;
+  read.send_flags = IBV_SEND_SIGNALED;
+  read.wr.rdma.rkey = 0x1234;
+  ibv_send_wr* bad = nullptr;
+  REQUIRE(rig.v->post_send(&read, &bad) == 0);
+}
+
 // Everything the application's CQ got from the switch, in order.
 std::vector<ibv_wc> stashed(Rig& rig) {
   std::vector<ibv_wc> out(16);
@@ -103,12 +127,7 @@ TEST_CASE("An atomic in flight at a failover: earlier requests not delivered flu
 
 TEST_CASE("An atomic posted during a switch is not lost: it goes on the new path", "[engine]") {
   Rig rig;
-  vf::DatapathServices services = vf::datapath_services();
-  services.translate_rkey = [](std::uint64_t, std::uint32_t rkey, std::uint32_t* out) {
-    *out = rkey;
-    return true;
-  };
-  vf::set_datapath_services(services);
+  every_rkey_known();
   vf::failover::on_port_change(*rig.e, 0, 1, IBV_PORT_DOWN);
   REQUIRE(rig.p->sw.in_progress);
   post_fetch_add(rig, 0xb1);  // held until the peer answers: it never left the host
@@ -140,23 +159,8 @@ TEST_CASE("A request proven done behind a replayed READ completes after it, as a
   // RC completes a send queue in order: the SEND the peer received must not complete before the
   // READ posted ahead of it, which is replayed (its response may have been lost).
   Rig rig;
-  vf::DatapathServices services = vf::datapath_services();
-  services.translate_rkey = [](std::uint64_t, std::uint32_t rkey, std::uint32_t* out) {
-    *out = rkey;
-    return true;
-  };
-  vf::set_datapath_services(services);
-  static char buffer[8];
-  ibv_sge sge{reinterpret_cast<std::uintptr_t>(buffer), sizeof buffer, 0};
-  ibv_send_wr read{};
-  read.wr_id = 0xa1;
-  read.sg_list = &sge;
-  read.num_sge = 1;
-  read.opcode = IBV_WR_RDMA_READ;
-  read.send_flags = IBV_SEND_SIGNALED;
-  read.wr.rdma.rkey = 0x1234;
-  ibv_send_wr* bad = nullptr;
-  REQUIRE(rig.v->post_send(&read, &bad) == 0);
+  every_rkey_known();
+  post_read(rig, 0xa1);
   rig.post_send(0xa2);
   const std::size_t posted = g_posts.size();
   auto request = rig.request_from_peer(1);
@@ -195,23 +199,9 @@ TEST_CASE("A failback completes a request proven done at once: no stand-in on th
   // The primary's peer QP has the application's access flags: a zero-length WRITE to a QP without
   // IBV_ACCESS_REMOTE_WRITE fails (rxe, mlx5), so no stand-in goes there (a known limit).
   Rig rig;
-  vf::DatapathServices services = vf::datapath_services();
-  services.translate_rkey = [](std::uint64_t, std::uint32_t rkey, std::uint32_t* out) {
-    *out = rkey;
-    return true;
-  };
-  vf::set_datapath_services(services);
+  every_rkey_known();
   rig.fail_over_and_rearm();
-  static char buffer[8];
-  ibv_sge sge{reinterpret_cast<std::uintptr_t>(buffer), sizeof buffer, 0};
-  ibv_send_wr read{};
-  read.wr_id = 0xc1;
-  read.sg_list = &sge;
-  read.num_sge = 1;
-  read.opcode = IBV_WR_RDMA_READ;
-  read.send_flags = IBV_SEND_SIGNALED;
-  ibv_send_wr* bad = nullptr;
-  REQUIRE(rig.v->post_send(&read, &bad) == 0);
+  post_read(rig, 0xc1);
   rig.post_send(0xc2);
   const std::size_t posted = g_posts.size();
   auto request = rig.failback_request_from_peer(2);
