@@ -101,6 +101,15 @@ class RetransmitRing {
       if (entry.sequence >= from && !visit(entry)) return;
     }
   }
+  // An atomic among the posted requests (sequence < `posted_before`) not yet retired.
+  bool atomic_posted(std::uint64_t posted_before) const {
+    for (std::uint64_t position = head_; position < tail_; ++position) {
+      const SendRecord& entry = records_[slot_of(position)];
+      if (entry.sequence >= posted_before) return false;
+      if (entry.is_atomic()) return true;
+    }
+    return false;
+  }
   // Outstanding requests, oldest first, for the engine to mark (SendRecord::stand_in).
   template <typename Visit>
   void for_each_mutable(Visit&& visit) {

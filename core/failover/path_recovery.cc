@@ -56,7 +56,8 @@ void path_restored(Engine& e, Protection& p, int path, bool may_fail_back) {
   }
   if (may_fail_back && path == kPrimary && v.active_path() == kStandby && e.config.failback &&
       !p.sw.in_progress) {
-    start_switch(e, p, kPrimary, FailoverReason::kFailback);
+    p.failback_deferred = true;
+    try_deferred_failback(e, p);
   }
 }
 
@@ -70,6 +71,28 @@ bool answers_rearm(Engine& e, const Protection& p) {
 }
 
 }  // namespace
+
+void try_deferred_failback(Engine& e, Protection& p) {
+  if (!p.failback_deferred) return;
+  VirtualQp& v = *p.qp;
+  if (p.ended || p.sw.in_progress || v.active_path() != kStandby ||
+      !v.path[kPrimary].connected || v.path[kPrimary].failed) {
+    p.failback_deferred = false;  // no longer a failback to make (a switch came first)
+    return;
+  }
+  // A failback stops the standby like any switch: an atomic in flight there would be lost and
+  // fail the QP (finish_switch), though the standby works. It completes soon on a working path
+  // (an unsignaled one retires with the next signaled completion).
+  v.lock().lock();
+  const bool atomic = v.send_ring().atomic_posted(v.next_send_to_post());
+  v.lock().unlock();
+  if (atomic) {
+    VF_LOG_DEBUG("qp {}: failback waits for an atomic in flight on the standby", v.vqpn);
+    return;
+  }
+  p.failback_deferred = false;
+  start_switch(e, p, kPrimary, FailoverReason::kFailback);
+}
 
 bool hold_down_if_silent(Engine& e, Protection& p, int path, std::uint64_t now, bool seen_by_peer) {
   const PhysicalPath& physical = p.qp->path[path];

@@ -24,6 +24,10 @@ void handle_rearm(Engine& e, const vf::Rearm& message);
 // One end asks and the other answers, never both (answers_rearm in path_recovery.cc).
 void maybe_rearm(Engine& e, Protection& p, int path);
 
+// A failback put off for an atomic in flight (Protection::failback_deferred) starts once none is;
+// dropped when the failback no longer applies. Each pass of the engine.
+void try_deferred_failback(Engine& e, Protection& p);
+
 // A notice, not a step of a protocol that waits for it: sent only on a session that exists (or
 // to this process), never by connecting while the engine's lock is held. A lost "up" is sent
 // again by maybe_rearm; a lost "down" costs the peer's report, not its data.

@@ -146,6 +146,7 @@ void periodic_work(Engine& e) {
       v.lock().unlock();
     }
     for (int path = 0; path < kPathCount; ++path) maybe_rearm(e, p, path);
+    try_deferred_failback(e, p);
     if (p.pending_event != UINT32_MAX && !p.resume_late_reported && !p.sw.in_progress &&
         now > p.switched_monotonic_ns && now - p.switched_monotonic_ns > e.resume_late_ns &&
         v.awaiting_resume.load()) {
@@ -174,7 +175,7 @@ bool has_pending_work(Engine& e) {
   for (auto& [key, p] : e.protections) {
     if (p.destroyed) continue;
     if (p.pairing || p.start_pairing_pending || p.pending_event != UINT32_MAX ||
-        p.rearm[0].needed || p.rearm[1].needed || p.sw.in_progress ||
+        p.rearm[0].needed || p.rearm[1].needed || p.sw.in_progress || p.failback_deferred ||
         p.qp->translation_missing.load() || p.qp->post_retry_due.load()) {
       return true;
     }

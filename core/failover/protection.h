@@ -86,6 +86,10 @@ struct Protection {
   // The pair is over for good: this end's QP failed for good (§5g) or the peer's did (it said so:
   // PairEnded). Nothing more is switched, re-armed or asked of the peer; the reason stays.
   bool ended = false;
+  // The primary is back, but an atomic posted on the standby is not yet known done: the failback
+  // waits (it would stop the standby under it, and an atomic cannot be replayed), and each pass
+  // of the engine looks again (try_deferred_failback).
+  bool failback_deferred = false;
   std::string unprotected_reason;
   bool warned_unprotected = false;
   PeerRef peer;

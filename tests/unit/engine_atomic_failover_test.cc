@@ -3,6 +3,7 @@
 // may be lost, so it cannot be replayed; RC's only outcomes then are an error for it and a flush
 // for everything posted after it (the QP is in ERR). A later request that succeeds, fenced or
 // not, is an outcome RC never produces.
+#include "core/failover/path_recovery.h"
 #include "core/failover/periodic_work.h"
 #include "tests/unit/engine_rig.h"
 
@@ -214,4 +215,41 @@ TEST_CASE("A failback completes a request proven done at once: no stand-in on th
   const std::vector<ibv_wc> wcs = stashed(rig);
   REQUIRE(wcs.size() == 1);
   CHECK(wcs[0].wr_id == 0xc2);
+}
+
+TEST_CASE("A failback waits for an atomic in flight on the standby", "[engine]") {
+  // The failback stops the standby like any switch: an atomic in flight there would be lost and
+  // fail the QP, though the standby works. It waits until the atomic is done.
+  Rig rig;
+  every_rkey_known();
+  rig.p->attrs.have_init = rig.p->attrs.have_rtr = rig.p->attrs.have_rts = true;
+  rig.deliver(rig.request_from_peer(1));  // the pair runs on the standby; the primary to re-arm
+  REQUIRE(rig.v->active_path() == vf::kStandby);
+  post_fetch_add(rig, 0xd1);
+  REQUIRE(g_posts.size() == 1);
+  CHECK(g_posts[0].qp == &rig.standby_qp);
+  rig.e->local_inbox.clear();
+  vf::failover::maybe_rearm(*rig.e, *rig.p, vf::kPrimary);  // this end asks (the smaller QPN)
+  REQUIRE(rig.sent<vf::Rearm>().size() == 1);
+  vf::Rearm reply = rig.rearm_from_peer(vf::kPrimary, rig.sent<vf::Rearm>()[0].nonce);
+  reply.is_reply = true;
+  vf::failover::handle_rearm(*rig.e, reply);
+  REQUIRE(rig.v->path[vf::kPrimary].connected);
+  CHECK_FALSE(rig.p->sw.in_progress);  // not while the atomic is in flight
+  CHECK(rig.p->failback_deferred);
+  vf::failover::periodic_work(*rig.e);
+  CHECK_FALSE(rig.p->sw.in_progress);
+  // The atomic completes on the standby; the next pass fails back.
+  ibv_wc done{};
+  done.wr_id = g_posts[0].wr_id;
+  done.opcode = IBV_WC_FETCH_ADD;
+  done.qp_num = 18;
+  rig.v->lock().lock();
+  REQUIRE(rig.v->on_completion_locked(*rig.cq_state, vf::kStandby, done));
+  rig.v->lock().unlock();
+  CHECK(done.wr_id == 0xd1);
+  vf::failover::periodic_work(*rig.e);
+  CHECK(rig.p->sw.in_progress);
+  CHECK(rig.p->sw.to == vf::kPrimary);
+  CHECK_FALSE(rig.p->failback_deferred);
 }
