@@ -90,17 +90,16 @@ void finish_switch(Engine& e, Protection& p) {
   // An atomic never posted (held during the switch, or behind a key the path lacked) is not
   // lost: it goes on the new path like any request held.
   const std::uint64_t posted_before = v.next_send_to_post();
-  std::uint64_t lost_atomic = UINT64_MAX, lost_atomic_wr_id = 0;
-  for (const SendRecord* record : unrecoverable) {
-    if (record->sequence >= posted_before) break;
-    lost_atomic = record->sequence;
-    lost_atomic_wr_id = record->wr.wr_id;
-    break;
+  const SendRecord* lost_atomic = nullptr;
+  if (!unrecoverable.empty() && unrecoverable.front()->sequence < posted_before) {
+    lost_atomic = unrecoverable.front();
   }
-  const std::uint64_t first_lost =
-      lost_atomic == UINT64_MAX
-          ? UINT64_MAX
-          : std::min(lost_atomic, replay.empty() ? UINT64_MAX : replay.front()->sequence);
+  const std::uint64_t lost_atomic_wr_id = lost_atomic != nullptr ? lost_atomic->wr.wr_id : 0;
+  std::uint64_t first_lost = UINT64_MAX;
+  if (lost_atomic != nullptr) {
+    first_lost = replay.empty() ? lost_atomic->sequence
+                                : std::min(lost_atomic->sequence, replay.front()->sequence);
+  }
   if (first_lost != UINT64_MAX) replay.clear();
   // A signaled request proven done behind one being replayed (an RDMA_READ is always replayed)
   // must not complete before it: RC completes a send queue in order. On the standby it goes
