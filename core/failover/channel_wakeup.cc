@@ -37,11 +37,13 @@ void close_if_open(int fd) {
 
 // A channel whose fd could not be replaced (made before the engine ran, or no epoll set): the
 // waiting thread watches both the real fd and the engine's eventfd itself. -2: the real verb is
-// next; -3: a token came, look at the channel again (its CQs may have changed).
+// next; -3: a token came, look at the channel again (its CQs may have changed); -4: the real
+// file failed while standby CQs carry traffic (the caller records it: stop_watching_real, and
+// this wait then runs with real_dead, on the wake fd alone).
 constexpr int kLookAgain = -3;
+constexpr int kRealFailed = -4;
 int wait_unreplaced(ibv_comp_channel* channel, int wake_fd, const std::vector<CqState*>& cqs,
-                    bool has_shadow, ibv_cq** cq, void** cq_context) {
-  bool real_dead = false;  // its file failed while standby CQs carry traffic: wait on these
+                    bool has_shadow, bool real_dead, ibv_cq** cq, void** cq_context) {
   for (;;) {
     if (take_shadow_event(cqs, cq, cq_context)) return 0;
     // A negative fd is skipped by poll().
@@ -61,17 +63,9 @@ int wait_unreplaced(ibv_comp_channel* channel, int wake_fd, const std::vector<Cq
     }
     if (fds[0].revents & POLLIN) return -2;  // the real event is next
     // The file failed (a hang-up or error never turns into POLLIN: waiting on for it would
-    // spin). With CQs on the standby their events are still to come (as stop_watching_real does
-    // for a replaced channel); else the real verb reports the error.
-    if (fds[0].revents & (POLLERR | POLLHUP | POLLNVAL)) {
-      if (!has_shadow) return -2;
-      if (!real_dead) {
-        VF_LOG_WARN("completion channel {}: its event file on the primary device failed; its "
-                    "events now come from the standby path alone",
-                    static_cast<const void*>(channel));
-      }
-      real_dead = true;
-    }
+    // spin). With CQs on the standby their events are still to come; else the real verb
+    // reports the error.
+    if (fds[0].revents & (POLLERR | POLLHUP | POLLNVAL)) return has_shadow ? kRealFailed : -2;
     if (!blocking) {
       if (!real_dead) return -2;  // the real verb's EAGAIN
       errno = EAGAIN;
@@ -199,13 +193,16 @@ ChannelView view_of(Engine& e, ibv_comp_channel* channel) {
 
 // The real event file failed (EIO: its device was removed or reset) while the standby's CQs
 // carry the traffic: it leaves the epoll set, or the application's fd would read as ready (its
-// EPOLLERR) for good while every ibv_get_cq_event failed.
+// EPOLLERR) for good while every ibv_get_cq_event failed; a channel whose fd was not replaced
+// waits on the wake fd alone from then on. Recorded once, logged once.
 void stop_watching_real(Engine& e, ibv_comp_channel* channel, int error) {
   std::lock_guard lock(e.mutex);
   auto it = e.channels.find(channel);
   if (it == e.channels.end() || it->second.real_dead) return;
   it->second.real_dead = true;
-  epoll_ctl(it->second.epoll_fd, EPOLL_CTL_DEL, it->second.real_fd, nullptr);
+  if (it->second.epoll_fd >= 0) {
+    epoll_ctl(it->second.epoll_fd, EPOLL_CTL_DEL, it->second.real_fd, nullptr);
+  }
   VF_LOG_WARN("completion channel {}: its event file on the primary device failed ({}); its "
               "events now come from the standby path alone",
               static_cast<const void*>(channel), strerror(error));
@@ -218,8 +215,12 @@ int get_cq_event(Engine& e, ibv_comp_channel* channel, ibv_cq** cq, void** cq_co
     ChannelView view = view_of(e, channel);
     if (!view.known) return -2;
     if (!view.replaced) {
-      const int result =
-          wait_unreplaced(channel, view.wake_fd, view.cqs, view.has_shadow, cq, cq_context);
+      const int result = wait_unreplaced(channel, view.wake_fd, view.cqs, view.has_shadow,
+                                         view.real_dead, cq, cq_context);
+      if (result == kRealFailed) {
+        stop_watching_real(e, channel, EIO);  // what a read() of the failed file gives
+        continue;
+      }
       if (result == kLookAgain) continue;
       return result;
     }

@@ -98,7 +98,7 @@ struct ChannelState {
   int wake_fd = -1;  // the engine writes it for each event of a shadow CQ (or of a stash)
   int epoll_fd = -1;
   int real_fd = -1;
-  bool real_dead = false;     // real_fd failed (EIO) and left the epoll set
+  bool real_dead = false;     // the real event file failed (EIO): no longer watched
   std::vector<CqState*> cqs;  // those whose events come through wake_fd
 };
 
