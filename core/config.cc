@@ -177,6 +177,18 @@ ConfigResult parse_config(const EnvLookup& env, int pid) {
       }
     }
   };
+  auto milliseconds = [&](std::string_view name, std::uint32_t max, std::uint32_t& target) {
+    if (auto value = env(name)) {
+      const auto ms = parse_unsigned(*value);
+      if (ms && *ms <= max) {
+        target = static_cast<std::uint32_t>(*ms);
+      } else {
+        result.problems.push_back(fmt::format(
+            "{}='{}' is not a duration; accepted values: milliseconds, an integer 0-{}; using {}",
+            name, *value, max, target));
+      }
+    }
+  };
 
   boolean("VERBS_FAILOVER", config.enabled);
   boolean("VERBS_FAILOVER_BACKTRACE", config.backtrace);
@@ -221,17 +233,8 @@ ConfigResult parse_config(const EnvLookup& env, int pid) {
           *value));
     }
   }
-  if (auto value = env("VERBS_FAILOVER_PORT_STABLE_MS")) {
-    const auto ms = parse_unsigned(*value);
-    if (ms && *ms <= Config::kMaxPortStableMs) {
-      config.port_stable_ms = static_cast<std::uint32_t>(*ms);
-    } else {
-      result.problems.push_back(fmt::format(
-          "VERBS_FAILOVER_PORT_STABLE_MS='{}' is not a duration; accepted values: milliseconds, "
-          "an integer 0-{}; using {}",
-          *value, Config::kMaxPortStableMs, config.port_stable_ms));
-    }
-  }
+  milliseconds("VERBS_FAILOVER_PORT_STABLE_MS", Config::kMaxPortStableMs, config.port_stable_ms);
+  milliseconds("VERBS_FAILOVER_GRACE_MS", Config::kMaxGraceMs, config.grace_ms);
   if (auto value = env("VERBS_FAILOVER_QP_TIMEOUT")) {
     const auto exponent = parse_unsigned(*value);
     if (exponent && *exponent >= 1 && *exponent <= 31) {

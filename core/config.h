@@ -35,11 +35,19 @@ struct Config {
   // VERBS_FAILOVER_PORT_STABLE_MS: how long a port that came back must stay ACTIVE before its
   // paths are re-armed (and traffic fails back to it): a flapping port is not used between flaps.
   std::uint32_t port_stable_ms = kDefaultPortStableMs;
+  // VERBS_FAILOVER_GRACE_MS: how long a QP whose path failed, and whose other path is not usable
+  // yet (being re-armed after a failback, its port down), waits for a path with its work held and
+  // its errors hidden before the application sees the failure (0: at once).
+  std::uint32_t grace_ms = kDefaultGraceMs;
 
   // Optics that flap do so within seconds, and a port can report ACTIVE a moment before its data
   // path carries traffic; two seconds is short against a repair and long against one blink.
   static constexpr std::uint32_t kDefaultPortStableMs = 2000;
   static constexpr std::uint32_t kMaxPortStableMs = 600'000;
+  // A re-arm takes milliseconds and a port that blinked is back in seconds; an application's own
+  // RC timeout (NCCL's 20 with 7 retries: ~30 s) would report a dead link later than this.
+  static constexpr std::uint32_t kDefaultGraceMs = 10'000;
+  static constexpr std::uint32_t kMaxGraceMs = 600'000;
   static constexpr std::uint8_t kDefaultQpTimeout = 14;        // 67 ms per try, ~0.5 s to RETRY_EXC
   // Not perftest's or rc_pingpong's default 18515: the shim starts listening when a device is
   // opened, before those programs bind their own port.

@@ -292,6 +292,10 @@ class VirtualQp {
   PathCounters counters;
   // A link-class error completion seen on the active path; the engine acts on it.
   std::atomic<bool> link_error_seen{false};
+  // Engine: the pair may get a path back within its grace (Engine::grace_ns: paired, not ended),
+  // so a link-class error of the last usable path is held, not shown, as when the other path
+  // works; the engine waits for a path (path_wait.h) or shows what it held.
+  std::atomic<bool> errors_wait_for_path{false};
   // The application made the QP fail (its own error, or it moved the QP to ERR/RESET).
   std::atomic<bool> application_failed{false};
   // A link-class error reached the application because no path was left (the engine reports

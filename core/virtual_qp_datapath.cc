@@ -413,7 +413,8 @@ void VirtualQp::translate_standby_error(ibv_wc& wc) {
 }
 
 bool VirtualQp::on_error_completion(CqState& cq, int p, ibv_wc& wc) {
-  const bool alternative = path[other_path(p)].connected && !path[other_path(p)].failed;
+  const bool alternative = (path[other_path(p)].connected && !path[other_path(p)].failed) ||
+                           errors_wait_for_path.load(std::memory_order_relaxed);
   if (is_link_failure(wc.status) && alternative &&
       !application_failed.load(std::memory_order_relaxed)) {
     counters.hidden_error_completions.fetch_add(1, std::memory_order_relaxed);

@@ -146,6 +146,7 @@ struct Engine {
   std::uint64_t resume_late_ns = kResumeLateNs;
   std::uint64_t first_hold_down_ns = kFirstHoldDownNs;
   std::uint64_t port_stable_ns = 0;  // Config::port_stable_ms, set at start
+  std::uint64_t grace_ns = 0;        // Config::grace_ms, set at start (0: no wait for a path)
 };
 
 inline bool engine_running(const Engine& e) {

@@ -5,6 +5,7 @@
 
 #include "core/failover/message_dispatch.h"
 #include "core/failover/path_switch.h"
+#include "core/failover/path_wait.h"
 #include "core/failover/protection_status.h"
 #include "core/log.h"
 #include "core/verbs_names.h"
@@ -72,11 +73,11 @@ void answer_pair_ended(Engine& e, Protection& p) {
 }
 
 void handle_pair_ended(Engine& e, Protection& p) {
-  (void)e;
   if (p.ended) return;
   // A switch waiting for the peer's answer gets none: it ends now, and the application sees the
   // errors that started it, as it would have without the shim.
   if (p.sw.in_progress) abort_switch(p, "the peer's QP failed for good");
+  end_path_wait(e, p, "the peer's QP failed for good while this QP waited for a path");
   set_unprotected(p, "the peer's QP failed for good (its application saw it fail or took it "
                      "down) or runs pass-through for good; this QP stays on the path it uses, "
                      "as it would without the shim");

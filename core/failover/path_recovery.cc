@@ -11,6 +11,7 @@
 #include "core/failover/message_dispatch.h"
 #include "core/failover/pair_end.h"
 #include "core/failover/path_switch.h"
+#include "core/failover/path_wait.h"
 #include "core/failover/protection_status.h"
 #include "core/failover/qp_transitions.h"
 #include "core/log.h"
@@ -54,6 +55,9 @@ void path_restored(Engine& e, Protection& p, int path, bool may_fail_back) {
     VF_LOG_INFO("qp {}: protected again — the {} path is re-connected", v.vqpn, path_name(path));
     p.unprotected_reason.clear();
   }
+  // A QP waiting for this path (path_wait.h) takes it now, asker or answerer: its active path is
+  // dead, and the peer's switch request, if it comes first, finds the path connected.
+  if (p.path_wait.active && p.path_wait.target == path) return continue_path_wait(e, p);
   if (may_fail_back && path == kPrimary && v.active_path() == kStandby && e.config.failback &&
       !p.sw.in_progress) {
     p.failback_deferred = true;

@@ -13,6 +13,7 @@
 #include "core/failover/pair_end.h"
 #include "core/failover/path_drain.h"
 #include "core/failover/path_recovery.h"
+#include "core/failover/path_wait.h"
 #include "core/failover/protection_status.h"
 #include "core/failover/qp_transitions.h"
 #include "core/failover/srq_group.h"
@@ -208,7 +209,15 @@ void finish_switch(Engine& e, Protection& p) {
     retire_shadow_if_unused(e, *v.send_cq);
     if (v.recv_cq != v.send_cq) retire_shadow_if_unused(e, *v.recv_cq);
   }
-  if (first_lost != UINT64_MAX) fail_for_lost_atomic(e, p, lost_atomic_wr_id);
+  if (first_lost != UINT64_MAX) return fail_for_lost_atomic(e, p, lost_atomic_wr_id);
+  if (v.path[sw.to].failed && !p.ended) {
+    // The new path failed while the switch went there (its port went down during a failback): back
+    // to the path that works, once it is re-armed (path_wait.h), not errors on the dead one.
+    VF_LOG_WARN("qp {}: its {} path failed during the switch to it; its traffic goes back to the {} "
+                "path",
+                v.vqpn, path_name(sw.to), path_name(old_path));
+    start_switch(e, p, old_path, FailoverReason::kPortDown);
+  }
 }
 
 bool begin_switch(Engine& e, Protection& p, int target, FailoverReason reason, std::uint32_t epoch,
@@ -222,6 +231,7 @@ bool begin_switch(Engine& e, Protection& p, int target, FailoverReason reason, s
   }
   SwitchState& sw = p.sw;
   const int from = v.active_path();
+  p.path_wait = PathWait{};  // a wait for a path ends with this switch (path_wait.h)
   sw = SwitchState{};
   sw.in_progress = true;
   sw.from = from;
@@ -341,6 +351,12 @@ void start_switch(Engine& e, Protection& p, int target, FailoverReason reason) {
   VirtualQp& v = *p.qp;
   if (p.sw.in_progress || v.active_path() == target) return;
   if (!can_switch_to(p, target)) {
+    // Not usable yet, but it may be soon (a re-arm, a port's return): the QP waits for a path
+    // rather than fail now (path_wait.h).
+    if (reason != FailoverReason::kFailback && may_wait_for_path(e, p, target) &&
+        wait_for_path(e, p, target, reason)) {
+      return;
+    }
     // A QP failed for good has its reason already (or, taken down by the application, needs none).
     const bool failed_before = v.application_failed.load();
     if (v.link_error_seen.load() || reason == FailoverReason::kErrorCompletion) {

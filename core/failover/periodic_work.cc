@@ -12,6 +12,7 @@
 #include "core/failover/pair_end.h"
 #include "core/failover/pairing.h"
 #include "core/failover/path_recovery.h"
+#include "core/failover/path_wait.h"
 #include "core/failover/path_switch.h"
 #include "core/failover/protection_status.h"
 #include "core/failover/srq_group.h"
@@ -92,6 +93,9 @@ void periodic_work(Engine& e) {
       // and the peer is told, so that neither end switches to a path this QP cannot follow.
       end_pair(e, p, failed_for_good_reason(p));
     }
+    v.errors_wait_for_path.store(p.path_wait.active || may_wait_for_path(e, p, kStandby) ||
+                                     may_wait_for_path(e, p, kPrimary),
+                                 std::memory_order_relaxed);
     if (v.link_error_seen.load(std::memory_order_relaxed) && !p.sw.in_progress) {
       // The peer is told "error completion" only for a silent failure (it then holds the path
       // down too); errors of a port that is down are that port's failure.
@@ -147,6 +151,7 @@ void periodic_work(Engine& e) {
     }
     for (int path = 0; path < kPathCount; ++path) maybe_rearm(e, p, path);
     try_deferred_failback(e, p);
+    continue_path_wait(e, p);
     if (p.pending_event != UINT32_MAX && !p.resume_late_reported && !p.sw.in_progress &&
         now > p.switched_monotonic_ns && now - p.switched_monotonic_ns > e.resume_late_ns &&
         v.awaiting_resume.load()) {
@@ -175,7 +180,7 @@ bool has_pending_work(Engine& e) {
   for (auto& [key, p] : e.protections) {
     if (p.destroyed) continue;
     if (p.pairing || p.start_pairing_pending || p.pending_event != UINT32_MAX ||
-        p.rearm[0].needed || p.rearm[1].needed || p.sw.in_progress || p.failback_deferred ||
+        p.rearm[0].needed || p.rearm[1].needed || p.sw.in_progress || p.failback_deferred || p.path_wait.active ||
         p.qp->translation_missing.load() || p.qp->post_retry_due.load()) {
       return true;
     }

@@ -69,6 +69,18 @@ struct HoldDown {
   std::uint64_t restored_ns = 0;  // when the path was last re-armed
 };
 
+// The active path failed and the other one is not usable yet (reset after a failback and not
+// re-armed, its port down): the QP waits up to Engine::grace_ns for it, its posts held and its
+// error completions hidden, then switches there, or the application sees the failure
+// (path_wait.h).
+struct PathWait {
+  bool active = false;
+  int target = kStandby;
+  FailoverReason reason = FailoverReason::kPortDown;
+  std::uint64_t since_ns = 0;
+  std::uint64_t until_ns = 0;
+};
+
 struct QpAttrs {  // what the application gave its QP, to re-connect the primary later
   bool have_init = false, have_rtr = false, have_rts = false;
   ibv_qp_attr init{}, rtr{}, rts{};
@@ -120,6 +132,7 @@ struct Protection {
   std::uint32_t epoch = 0;
   RearmState rearm[kPathCount];
   HoldDown hold[kPathCount];
+  PathWait path_wait;
   std::uint64_t failovers = 0;
   std::uint64_t failbacks = 0;
   std::vector<SwitchEvent> events;

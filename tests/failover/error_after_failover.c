@@ -20,6 +20,12 @@
    wr_ids again) and A's QP may not become protected again; a SEND after it is flushed too. B's
    QP must have been told (PairEnded) that A's failed for good.
 
+   double_failure_grace (issue 19 item 6, issue 20 item 5): after the failover, A's standby port
+   (fake1) goes down too, with A's SEND of block 3 posted there; A's QP then waits for a path
+   (VERBS_FAILOVER_GRACE_MS) instead of failing. A's primary port (fake0) comes back within the
+   grace: the traffic moves back to it with no error shown, the SEND completing once with SUCCESS
+   and B receiving it once; then one message each way, and nothing more on either side.
+
    unreplayable_opcode (issue 19 item 8): on the healthy pair, A posts a LOCAL_INV (it names a key
    of fake0, which no standby device knows), which the fake refuses as a device without memory
    windows does. The post must return what the provider returns, as without the shim, and change
@@ -30,7 +36,7 @@
    models no memory windows).
 
    Usage: error_after_failover rnr_after_failover [--no-cut] | double_failure_heal |
-          unreplayable_opcode
+          double_failure_grace | unreplayable_opcode
    Output and exit status as exactly_once: "PASS scenario ..." 0, "FAIL: [...]" 1, "SETUP:" 3.
    Every wait is a bounded polling loop (each poll is a progress step of the fake). */
 #define _GNU_SOURCE
@@ -244,21 +250,32 @@ static void wait_port_seen(long (*changes)(const char*, int), const char* device
   }
 }
 
-static int double_failure_heal(void) {
-  int (*qp_protected)(uint32_t, char*, size_t) = (int (*)(uint32_t, char*, size_t))dlsym(
-      RTLD_DEFAULT, "verbs_failover_debug_qp_protected");
+/* The shim's debug hooks (NULL without the shim). */
+static int (*g_qp_protected)(uint32_t, char*, size_t);
+static long (*g_port_changes)(const char*, int);
+
+/* Both ends connected and failed over (fake0 down), with the shim's re-arm retried every
+   REARM_RETRY_MS and its port monitor having seen fake0 go: 0, or 1 on a failure. */
+static int fail_over_before_double_failure(void) {
+  g_qp_protected = (int (*)(uint32_t, char*, size_t))dlsym(RTLD_DEFAULT,
+                                                         "verbs_failover_debug_qp_protected");
+  g_port_changes =
+      (long (*)(const char*, int))dlsym(RTLD_DEFAULT, "verbs_failover_debug_port_changes");
   int (*set_rearm_retry_ms)(unsigned) =
       (int (*)(unsigned))dlsym(RTLD_DEFAULT, "verbs_failover_debug_set_rearm_retry_ms");
-  long (*port_changes)(const char*, int) =
-      (long (*)(const char*, int))dlsym(RTLD_DEFAULT, "verbs_failover_debug_port_changes");
   if (set_rearm_retry_ms != NULL && set_rearm_retry_ms(REARM_RETRY_MS) != 0)
     setup_fail("verbs_failover_debug_set_rearm_retry_ms(%d)", REARM_RETRY_MS);
-  const long before_cut = port_changes ? port_changes("fake0", 1) : 0;
+  const long before_cut = g_port_changes ? g_port_changes("fake0", 1) : 0;
   connect_and_fail_over(1);
   if (g_failures) return 1;
   /* The monitor reads a port's state when it gets to the event: one that reads fake0 only after
-     the heal would see no change at all, and the wait for the heal below would never end. */
-  wait_port_seen(port_changes, "fake0", before_cut);
+     the heal would see no change at all, and a wait for the heal would never end. */
+  wait_port_seen(g_port_changes, "fake0", before_cut);
+  return g_failures ? 1 : 0;
+}
+
+static int double_failure_heal(void) {
+  if (fail_over_before_double_failure()) return 1;
   post_recv_slot(&g_b, 2);
   post_recv_slot(&g_b, 3);
   if (g_port_down(1) != 0) setup_fail("fake_verbs_port_down(1)");
@@ -266,10 +283,10 @@ static int double_failure_heal(void) {
   send_expecting(3, IBV_WC_RETRY_EXC_ERR, "the SEND with both of A's ports down");
   if (g_failures == 0) send_expecting(4, IBV_WC_WR_FLUSH_ERR, "the SEND after that error");
   if (g_failures) return 1;
-  const long seen0 = port_changes ? port_changes("fake0", 1) : 0;
+  const long seen0 = g_port_changes ? g_port_changes("fake0", 1) : 0;
   if (g_port_up(1) != 0 || g_port_up(0) != 0) setup_fail("fake_verbs_port_up");
   printf("heal: fake0 and fake1 ports up\n");
-  wait_port_seen(port_changes, "fake0", seen0);
+  wait_port_seen(g_port_changes, "fake0", seen0);
   /* Observation, not synchronisation: nothing may happen, and a failback (its re-arm retried
      every REARM_RETRY_MS) would happen well within it. */
   const uint64_t until = now_ms() + OBSERVE_MS;
@@ -285,24 +302,80 @@ static int double_failure_heal(void) {
              s->name, n, n > 0 ? ibv_wc_status_str(wc.status) : "-",
              n > 0 ? (unsigned long long)wc.wr_id : 0ull);
     }
-    if (qp_protected != NULL && qp_protected(g_a.qp->qp_num, reason, sizeof reason) == 1)
+    if (g_qp_protected != NULL && g_qp_protected(g_a.qp->qp_num, reason, sizeof reason) == 1)
       fail("A's QP is protected again after the application saw it fail");
     fake_progress();
   }
   if (g_failures == 0) send_expecting(5, IBV_WC_WR_FLUSH_ERR, "the SEND after the heal");
-  if (g_failures == 0 && qp_protected != NULL) {
-    qp_protected(g_a.qp->qp_num, reason, sizeof reason);
+  if (g_failures == 0 && g_qp_protected != NULL) {
+    g_qp_protected(g_a.qp->qp_num, reason, sizeof reason);
     if (strstr(reason, "no path is left") == NULL)
       fail("A's QP is unprotected for the wrong reason: %s", reason);
     /* B was told (PairEnded): it neither waits for a switch nor asks for re-arms. */
     char peer_reason[256] = "";
-    if (qp_protected(g_b.qp->qp_num, peer_reason, sizeof peer_reason) != 0 ||
+    if (g_qp_protected(g_b.qp->qp_num, peer_reason, sizeof peer_reason) != 0 ||
         strstr(peer_reason, "the peer's QP failed for good") == NULL)
       fail("B's QP was not told that A's QP failed for good: %s", peer_reason);
   }
   if (g_failures) return 1;
   printf("PASS scenario double_failure_heal: A's QP stayed failed through the heal (%s)\n",
-         qp_protected ? reason : "no shim");
+         g_qp_protected ? reason : "no shim");
+  return 0;
+}
+
+/* Waits (bounded) until the shim says A's QP waits for a path; without the shim there is none. */
+static void wait_for_path_wait(void) {
+  if (g_qp_protected == NULL) return;
+  const uint64_t deadline = now_ms() + WAIT_MS;
+  char reason[256] = "";
+  for (;;) {
+    g_qp_protected(g_a.qp->qp_num, reason, sizeof reason);
+    if (strstr(reason, "waiting for a path") != NULL) return;
+    if (now_ms() > deadline) {
+      fail("A's QP does not wait for a path within %d ms after both its ports went down: %s",
+           WAIT_MS, reason);
+      return;
+    }
+    struct ibv_wc wc;
+    const int n = ibv_poll_cq(g_a.cq, 1, &wc);
+    if (n != 0) {
+      fail("A: a completion while both its ports are down (n %d, status %s, wr_id %#llx): the "
+           "shim showed the failure instead of waiting for a path",
+           n, n > 0 ? ibv_wc_status_str(wc.status) : "-", n > 0 ? (unsigned long long)wc.wr_id : 0ull);
+      return;
+    }
+    fake_progress();
+  }
+}
+
+static int double_failure_grace(void) {
+  if (fail_over_before_double_failure()) return 1;
+  post_recv_slot(&g_b, 2);
+  if (g_port_down(1) != 0) setup_fail("fake_verbs_port_down(1)");
+  printf("cut: fake1 (A's standby) port down too\n");
+  if (post_send_block(&g_a, 3) != 0) fail("A: ibv_post_send of the SEND with both ports down refused");
+  if (g_failures == 0) wait_for_path_wait();
+  if (g_failures) return 1;
+  if (g_port_up(0) != 0) setup_fail("fake_verbs_port_up(0)");
+  printf("heal: fake0 (A's primary) port up within the grace\n");
+  expect_send(&g_a, 3, IBV_WC_SUCCESS, "the SEND posted with both of A's ports down");
+  if (g_failures == 0) expect_received(&g_b, 2, 3);
+  if (g_failures == 0) message(&g_a, &g_b, 4, 3, "a message A -> B after the heal");
+  if (g_failures == 0) message(&g_b, &g_a, 5, 1, "a message B -> A after the heal");
+  for (int i = 0; i < 64 && g_failures == 0; ++i) {
+    struct ibv_wc wc;
+    for (int side = 0; side < 2; ++side) {
+      struct end* e = side == 0 ? &g_a : &g_b;
+      const int n = ibv_poll_cq(e->cq, 1, &wc);
+      if (n != 0)
+        fail("%s: an extra completion (n %d, status %s, wr_id %#llx)", e->name, n,
+             n > 0 ? ibv_wc_status_str(wc.status) : "-", n > 0 ? (unsigned long long)wc.wr_id : 0ull);
+    }
+    fake_progress();
+  }
+  if (g_failures) return 1;
+  printf("PASS scenario double_failure_grace: the primary came back within the grace and took "
+         "the traffic, nothing lost or repeated\n");
   return 0;
 }
 
@@ -342,10 +415,12 @@ int main(int argc, char** argv) {
   if (argc >= 2) g_scenario = argv[1];
   const int rnr = argc >= 2 && strcmp(argv[1], "rnr_after_failover") == 0 && (argc == 2 || no_cut);
   const int double_failure = argc == 2 && strcmp(argv[1], "double_failure_heal") == 0;
+  const int grace = argc == 2 && strcmp(argv[1], "double_failure_grace") == 0;
   const int unreplayable = argc == 2 && strcmp(argv[1], "unreplayable_opcode") == 0;
-  if (!rnr && !double_failure && !unreplayable) {
+  if (!rnr && !double_failure && !grace && !unreplayable) {
     fprintf(stderr,
-            "usage: %s rnr_after_failover [--no-cut] | double_failure_heal | unreplayable_opcode\n",
+            "usage: %s rnr_after_failover [--no-cut] | double_failure_heal | "
+            "double_failure_grace | unreplayable_opcode\n",
             argv[0]);
     return 2;
   }
@@ -354,6 +429,7 @@ int main(int argc, char** argv) {
   g_port_up = (int (*)(int))fake_sym("fake_verbs_port_up");
   const int status = rnr            ? rnr_after_failover(no_cut)
                      : double_failure ? double_failure_heal()
+                     : grace          ? double_failure_grace()
                                       : unreplayable_opcode();
   if (status != 0) printf("FAIL: scenario %s: %d failure(s)\n", g_scenario, g_failures);
   return status;

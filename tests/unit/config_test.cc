@@ -230,3 +230,16 @@ TEST_CASE("VERBS_FAILOVER_PORT_STABLE_MS") {
         "integer 0-600000; using 2000");
   CHECK(parse({{"VERBS_FAILOVER_PORT_STABLE_MS", "600001"}}).problems.size() == 1);
 }
+
+TEST_CASE("VERBS_FAILOVER_GRACE_MS") {
+  CHECK(parse({}).config.grace_ms == vf::Config::kDefaultGraceMs);
+  CHECK(parse({{"VERBS_FAILOVER_GRACE_MS", "0"}}).config.grace_ms == 0);
+  CHECK(parse({{"VERBS_FAILOVER_GRACE_MS", "30000"}}).config.grace_ms == 30000);
+  const auto result = parse({{"VERBS_FAILOVER_GRACE_MS", "-1"}});
+  CHECK(result.config.grace_ms == vf::Config::kDefaultGraceMs);
+  REQUIRE(result.problems.size() == 1);
+  CHECK(result.problems[0] ==
+        "VERBS_FAILOVER_GRACE_MS='-1' is not a duration; accepted values: milliseconds, an "
+        "integer 0-600000; using 10000");
+  CHECK(parse({{"VERBS_FAILOVER_GRACE_MS", "600001"}}).problems.size() == 1);
+}

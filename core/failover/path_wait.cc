@@ -1,0 +1,94 @@
+#include "core/failover/path_wait.h"
+
+#include <vector>
+
+#include "core/clock.h"
+#include "core/failover/pair_end.h"
+#include "core/failover/path_switch.h"
+#include "core/failover/protection_status.h"
+#include "core/log.h"
+#include "core/verbs_names.h"
+
+namespace vf::failover {
+
+bool may_wait_for_path(const Engine& e, const Protection& p, int target) {
+  const VirtualQp& v = *p.qp;
+  return e.grace_ns > 0 && p.paired && !p.ended && !v.application_failed.load() &&
+         v.mode() != PostMode::kBypass && !(target == kStandby && v.standby_lost());
+}
+
+bool wait_for_path(Engine& e, Protection& p, int target, FailoverReason reason) {
+  VirtualQp& v = *p.qp;
+  if (p.path_wait.active) return true;
+  // Held like a switch holds them: a request posted now must not meet the dead path (its error
+  // would be one more to hide) nor a path whose peer's count is not known yet.
+  if (!v.claim_for_switch()) return false;
+  // Receives go on to the active path: on its QP in ERR they flush, hidden like its other errors;
+  // the switch posts them again on the new path, and an end without one shows their flushes.
+  v.lock().lock();
+  v.open_receives();
+  v.lock().unlock();
+  const std::uint64_t now = monotonic_ns();
+  p.path_wait = PathWait{true, target, reason, now, now + e.grace_ns};
+  VF_LOG_WARN("qp {}: its {} path failed and its {} path is not usable yet; its work waits up to "
+              "{} ms (VERBS_FAILOVER_GRACE_MS) for a path to come back",
+              v.vqpn, path_name(v.active_path()), path_name(target), e.grace_ns / 1'000'000);
+  set_unprotected(p, fmt::format("its {} path failed and its {} path is not usable yet; waiting "
+                                 "for a path",
+                                 path_name(v.active_path()), path_name(target)));
+  return true;
+}
+
+void continue_path_wait(Engine& e, Protection& p) {
+  if (!p.path_wait.active) return;
+  VirtualQp& v = *p.qp;
+  const PathWait wait = p.path_wait;
+  if (can_switch_to(p, wait.target)) {
+    VF_LOG_INFO("qp {}: its {} path is usable again {:.1f} ms into the wait; its traffic moves there",
+                v.vqpn, path_name(wait.target),
+                static_cast<double>(monotonic_ns() - wait.since_ns) / 1e6);
+    p.path_wait = PathWait{};
+    start_switch(e, p, wait.target, wait.reason);
+    return;
+  }
+  if (p.ended || v.application_failed.load()) {
+    return end_path_wait(e, p, "the pair ended while its QP waited for a path");
+  }
+  if (monotonic_ns() >= wait.until_ns) {
+    end_path_wait(e, p,
+                  fmt::format("no path is left: none came back within {} ms "
+                              "(VERBS_FAILOVER_GRACE_MS); the application sees its QP fail, and "
+                              "the QP stays failed as it would without the shim",
+                              e.grace_ns / 1'000'000));
+  }
+}
+
+void end_path_wait(Engine& e, Protection& p, const std::string& why) {
+  if (!p.path_wait.active) return;
+  VirtualQp& v = *p.qp;
+  p.path_wait = PathWait{};
+  // From here an error of either path is the application's (the data path reads it under the
+  // QP's lock, which release_held_errors takes after this).
+  v.errors_wait_for_path.store(false);
+  VF_LOG_ERROR("qp {}: {}", v.vqpn, why);
+  // The held errors first: they are of requests and receives posted before those held since.
+  release_held_errors(p);
+  std::vector<ibv_wc> flushed;
+  v.lock().lock();
+  if (v.mode() == PostMode::kBypass) {
+    // On its own QP (release_held_errors made it pass-through): what the wait held reached no QP,
+    // and completes as on a QP in ERR, signaled or not, in order.
+    flushed = unposted_request_flushes_locked(v);
+    v.restart_sends(v.send_ring().next_sequence());
+  }
+  v.set_holding(false);
+  // On the standby: what was held goes to its QP, whose flushes the application now sees.
+  if (v.mode() != PostMode::kBypass) v.post_pending();
+  v.lock().unlock();
+  v.send_cq->lock.lock();
+  for (const ibv_wc& wc : flushed) v.send_cq->stash_for_application(wc);
+  v.send_cq->lock.unlock();
+  end_pair(e, p, why);
+}
+
+}  // namespace vf::failover
