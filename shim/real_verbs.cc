@@ -10,12 +10,18 @@ namespace {
 
 RealVerbs resolve() {
   RealVerbs table;
-  // The shim is DT_NEEDED on libibverbs.so.1, so this finds the loaded copy (or the fake one
-  // tests put first on LD_LIBRARY_PATH) without loading anything new.
+  // The copy the program loaded (or the fake one tests put first on LD_LIBRARY_PATH), else the one
+  // the loader finds, loaded as the DT_NEEDED dependency the shim no longer has would have loaded
+  // it: into the global scope, where a library dlopened later may look for its symbols.
   table.handle = real_dlopen()("libibverbs.so.1", RTLD_NOW | RTLD_NOLOAD);
-  if (table.handle == nullptr) table.handle = real_dlopen()("libibverbs.so.1", RTLD_NOW);
+  if (table.handle == nullptr) table.handle = real_dlopen()("libibverbs.so.1", RTLD_NOW | RTLD_GLOBAL);
   if (table.handle == nullptr) {
-    VF_LOG_ERROR("cannot open libibverbs.so.1 ({}); every verb will fail", dlerror());
+    // No rdma-core here (a job-wide LD_PRELOAD reaches every process): nothing can call a verb
+    // without libibverbs, so the program runs as without the shim (issue 19 item 13).
+    const char* why = dlerror();
+    VF_LOG_INFO("libibverbs.so.1 cannot be loaded ({}): verbs-failover stays idle; the program "
+                "runs as without it",
+                why != nullptr ? why : "no reason given");
     return table;
   }
 #define VF_RESOLVE_REAL(name, version) \

@@ -55,6 +55,13 @@ extern "C" int ibv_query_port_speed(struct ibv_context* context, uint32_t port_n
   X(ibv_detach_mcast, "IBVERBS_1.1")          \
   X(ibv_resolve_eth_l2_from_gid, "IBVERBS_1.1") \
   X(ibv_fork_init, "IBVERBS_1.1")             \
+  X(ibv_wc_status_str, "IBVERBS_1.1")         \
+  X(ibv_port_state_str, "IBVERBS_1.1")        \
+  X(ibv_node_type_str, "IBVERBS_1.1")         \
+  X(ibv_rate_to_mult, "IBVERBS_1.0")          \
+  X(mult_to_ibv_rate, "IBVERBS_1.0")          \
+  X(ibv_rate_to_mbps, "IBVERBS_1.1")          \
+  X(mbps_to_ibv_rate, "IBVERBS_1.1")          \
   X(ibv_get_pkey_index, "IBVERBS_1.5")        \
   X(ibv_qp_to_qp_ex, "IBVERBS_1.6")           \
   X(ibv_reg_mr_iova, "IBVERBS_1.7")           \
@@ -70,6 +77,9 @@ extern "C" int ibv_query_port_speed(struct ibv_context* context, uint32_t port_n
   X(_ibv_query_gid_ex, "IBVERBS_1.11")        \
   X(_ibv_query_gid_table, "IBVERBS_1.11")     \
   X(ibv_reg_dmabuf_mr, "IBVERBS_1.12")        \
+  X(ibv_is_fork_initialized, "IBVERBS_1.13")  \
+  X(ibv_import_dm, "IBVERBS_1.13")            \
+  X(ibv_unimport_dm, "IBVERBS_1.13")          \
   X(ibv_query_qp_data_in_order, "IBVERBS_1.14") \
   X(ibv_query_port_speed, "IBVERBS_1.16")
 

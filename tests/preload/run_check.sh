@@ -141,6 +141,31 @@ case "$case_name" in
     expect_in "$log" "#[0-9]+ 0x[0-9a-f]+ verbs_failover_debug_crash\+0x[0-9a-f]+ \(libverbs_failover.so\)"
     expect_in "$log" "#[0-9]+ 0x[0-9a-f]+ main\+0x[0-9a-f]+ \(vf_crash_program\)"
     ;;
+  no_libibverbs)
+    # A machine without rdma-core (issue 19 item 13): a job-wide LD_PRELOAD reaches every process,
+    # so a program that never uses verbs must run as without the shim, with one info line. The
+    # shim must not depend on libibverbs (DT_NEEDED: the loader stops the program, rc 127).
+    # libibverbs is hidden in a private mount namespace (root only: CI runs as root).
+    [ "$(id -u)" = 0 ] || { echo "SKIP [$case_name]: needs root for a private mount namespace"; exit 77; }
+    real=$(readlink -f "${VF_REAL_IBVERBS:?}")
+    [ -f "$real" ] || fail "libibverbs not found at $VF_REAL_IBVERBS"
+    ! readelf -d "$VF_SHIM" | grep -q 'NEEDED.*libibverbs' ||
+      fail "the shim has a DT_NEEDED dependency on libibverbs: $(readelf -d "$VF_SHIM" | grep NEEDED)"
+    hidden() {  # runs "$@" with libibverbs hidden (its file replaced by an empty one)
+      run unshare -m --propagation private bash -c 'mount --bind /dev/null "$0" || exit 90; exec "$@"' \
+        "$real" "$@"
+    }
+    # The check can fail: with libibverbs hidden, a program linked to it does not start.
+    if hidden "$VF_BIN/vf_linked_program" --expect libibverbs >"$work/control.txt" 2>&1; then
+      fail "libibverbs was not hidden: a program linked to it ran"
+    fi
+    hidden env LD_PRELOAD="$VF_SHIM" VERBS_FAILOVER_LOG=info "VERBS_FAILOVER_LOG_FILE=$log" \
+      /bin/sh -c 'echo program ran' >"$out" 2>&1 || fail "a program without verbs failed under the shim"
+    expect_in "$out" "^program ran$"
+    expect_not_in "$out" "error while loading"
+    expect_in "$log" "info: libibverbs.so.1 cannot be loaded .*verbs-failover stays idle"
+    [ "$(grep -c . "$log")" = 1 ] || fail "expected one log line, got $(grep -c . "$log")"
+    ;;
   exports_match_libibverbs)
     # Every hook is exported under the version node libibverbs gives the same verb (else
     # dlvsym/PLT references miss it); a verb libibverbs lacks must be the optional 1.16 one.

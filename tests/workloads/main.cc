@@ -26,6 +26,15 @@ int host_of(int rank) { return rank % 2; }
 int rail_of(int rank) { return rank / 2; }
 std::string fake_device(int host, int rail) { return "fake" + std::to_string(2 * host + rail); }
 
+// A control function of the fake libibverbs, through the handle the program got for libibverbs.
+// Under the shim that handle is the shim's, which exports libibverbs' verbs and nothing else of
+// it; the shim has loaded libibverbs (here the fake) into the global scope, where it is found.
+int (*fake_port_control(void* handle, const char* name))(int) {
+  void* symbol = dlvsym(handle, name, "FAKE_VERBS_1.0");
+  if (symbol == nullptr) symbol = dlvsym(RTLD_DEFAULT, name, "FAKE_VERBS_1.0");
+  return reinterpret_cast<int (*)(int)>(symbol);
+}
+
 int run_local(const Options& options) {
   const int n = options.local_ranks;
   int (*port_down)(int) = nullptr;
@@ -39,7 +48,7 @@ int run_local(const Options& options) {
       std::printf("nccl_pattern: FAIL %s\n", e.what());
       return 2;
     }
-    port_down = reinterpret_cast<int (*)(int)>(dlvsym(handle, "fake_verbs_port_down", "FAKE_VERBS_1.0"));
+    port_down = fake_port_control(handle, "fake_verbs_port_down");
     if (port_down == nullptr) {
       std::printf("nccl_pattern: FAIL --inject-port-down-after needs the fake libibverbs (no fake_verbs_port_down)\n");
       return 2;
@@ -65,8 +74,7 @@ int run_local(const Options& options) {
     plans[static_cast<size_t>(next)].from_prev = OobLink(fds[1]);
     if (r == 0) p.inject_port_down = port_down;
     if (r == 0 && options.inject_port_up_after >= 0) {
-      p.inject_port_up = reinterpret_cast<int (*)(int)>(
-          dlvsym(verbs().handle, "fake_verbs_port_up", "FAKE_VERBS_1.0"));
+      p.inject_port_up = fake_port_control(verbs().handle, "fake_verbs_port_up");
     }  // rank 0's rail (host A, rail 0) goes down
   }
   std::vector<int> passed(static_cast<size_t>(n), 0);
