@@ -205,6 +205,7 @@ class VirtualQp {
     held_errors_.reserve(out.capacity());
   }
   void drop_held_errors() { held_errors_.clear(); }
+  bool has_held_errors() const { return !held_errors_.empty(); }
   // Under lock(): held errors going to the application after all (no switch could happen):
   // those of SRQ receives retire their records, so that no later move posts their buffers again.
   void retire_released_srq_receives(const std::vector<HeldError>& released);

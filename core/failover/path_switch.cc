@@ -149,6 +149,10 @@ void finish_switch(Engine& e, Protection& p) {
            (record.sequence >= posted_before ||
             std::binary_search(keep.begin(), keep.end(), record.sequence));
   });
+  // The new path failed while the switch went there (its port went down during a failback): the
+  // traffic goes back (below), so what waits to be posted stays held, not sent to a dead path.
+  const bool going_back = first_lost == UINT64_MAX && v.path[sw.to].failed && !p.ended &&
+                          may_wait_for_path(e, p, sw.from);
   if (first_lost != UINT64_MAX) {
     // Its errors are shown: failed for good (no re-arm, no failback), as after a double failure.
     // Posts stay held until the new path is in ERR (fail_for_lost_atomic): none may reach the
@@ -163,10 +167,11 @@ void finish_switch(Engine& e, Protection& p) {
     return false;
   });
   v.restart_sends(first);
-  if (first_lost == UINT64_MAX) v.set_holding(false);
+  const bool resume_posts = first_lost == UINT64_MAX && !going_back;
+  if (resume_posts) v.set_holding(false);
   v.link_error_seen.store(false);
   v.drop_held_errors();  // replaced by the replay
-  if (first_lost == UINT64_MAX) v.post_pending();
+  if (resume_posts) v.post_pending();
   if (v.send_ring().outstanding() == 0 && v.recv_ring().pending() == 0) {
     // Nothing to wait for on this side (a passive RDMA target): its traffic resumed with the
     // switch itself.
@@ -174,7 +179,9 @@ void finish_switch(Engine& e, Protection& p) {
   } else {
     v.awaiting_resume.store(true, std::memory_order_relaxed);
   }
-  if (sw.to == kPrimary && !v.application_failed.load()) v.set_mode(PostMode::kDirect);
+  if (sw.to == kPrimary && !v.application_failed.load() && !going_back) {
+    v.set_mode(PostMode::kDirect);
+  }
   v.lock().unlock();
   v.send_cq->lock.unlock();
 
@@ -210,9 +217,8 @@ void finish_switch(Engine& e, Protection& p) {
     if (v.recv_cq != v.send_cq) retire_shadow_if_unused(e, *v.recv_cq);
   }
   if (first_lost != UINT64_MAX) return fail_for_lost_atomic(e, p, lost_atomic_wr_id);
-  if (v.path[sw.to].failed && !p.ended) {
-    // The new path failed while the switch went there (its port went down during a failback): back
-    // to the path that works, once it is re-armed (path_wait.h), not errors on the dead one.
+  if (going_back) {
+    // Back to the path that works, once it is re-armed (path_wait.h), not errors on the dead one.
     VF_LOG_WARN("qp {}: its {} path failed during the switch to it; its traffic goes back to the {} "
                 "path",
                 v.vqpn, path_name(sw.to), path_name(old_path));

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "core/clock.h"
+#include "core/failover/devices.h"
 #include "core/failover/pair_end.h"
 #include "core/failover/path_switch.h"
 #include "core/failover/protection_status.h"
@@ -11,10 +12,37 @@
 
 namespace vf::failover {
 
+namespace {
+
+// The wait ends with no error seen (the port of the active path blinked, and RC's retries may
+// have covered it): the QP goes on where it is, its held requests posted there, unprotected; the
+// pair stays on. If the path is dead after all, its errors start a wait of their own, and that
+// one ends in the application's error.
+void resume_on_active_path(Engine& e, Protection& p, const char* why) {
+  VirtualQp& v = *p.qp;
+  const int active = v.active_path();
+  p.path_wait = PathWait{};
+  const PhysicalPath& physical = v.path[active];
+  if (port_active(e, physical.device_index, physical.port)) v.path[active].failed = false;
+  VF_LOG_WARN("qp {}: {}; no error was seen, so it goes on on its {} path", v.vqpn, why,
+              path_name(active));
+  v.lock().lock();
+  v.set_holding(false);
+  v.post_pending();
+  v.lock().unlock();
+  set_unprotected(p, fmt::format("its {} path is not usable; running on the {} path alone",
+                                 path_name(other_path(active)), path_name(active)));
+}
+
+}  // namespace
+
 bool may_wait_for_path(const Engine& e, const Protection& p, int target) {
   const VirtualQp& v = *p.qp;
+  // A QP on a shared receive queue moves with its group (srq_group.cc), which decides for all its
+  // members at once: it does not wait on its own.
   return e.grace_ns > 0 && p.paired && !p.ended && !v.application_failed.load() &&
-         v.mode() != PostMode::kBypass && !(target == kStandby && v.standby_lost());
+         v.mode() != PostMode::kBypass && v.srq == nullptr &&
+         !(target == kStandby && v.standby_lost());
 }
 
 bool wait_for_path(Engine& e, Protection& p, int target, FailoverReason reason) {
@@ -25,8 +53,10 @@ bool wait_for_path(Engine& e, Protection& p, int target, FailoverReason reason) 
   if (!v.claim_for_switch()) return false;
   // Receives go on to the active path: on its QP in ERR they flush, hidden like its other errors;
   // the switch posts them again on the new path, and an end without one shows their flushes.
+  // One posted while the claim held them is posted now.
   v.lock().lock();
   v.open_receives();
+  v.post_pending(false);
   v.lock().unlock();
   const std::uint64_t now = monotonic_ns();
   p.path_wait = PathWait{true, target, reason, now, now + e.grace_ns};
@@ -44,7 +74,8 @@ void continue_path_wait(Engine& e, Protection& p) {
   VirtualQp& v = *p.qp;
   const PathWait wait = p.path_wait;
   if (can_switch_to(p, wait.target)) {
-    VF_LOG_INFO("qp {}: its {} path is usable again {:.1f} ms into the wait; its traffic moves there",
+    VF_LOG_INFO("qp {}: its {} path is usable again {:.1f} ms into the wait; its traffic moves "
+                "there",
                 v.vqpn, path_name(wait.target),
                 static_cast<double>(monotonic_ns() - wait.since_ns) / 1e6);
     p.path_wait = PathWait{};
@@ -63,16 +94,31 @@ void continue_path_wait(Engine& e, Protection& p) {
   }
 }
 
+void active_path_back(Engine& e, Protection& p) {
+  if (!p.path_wait.active) return;
+  VirtualQp& v = *p.qp;
+  v.lock().lock();
+  const bool errors = v.has_held_errors();
+  v.lock().unlock();
+  if (errors || p.ended || v.application_failed.load()) return;  // its QP failed: still waiting
+  resume_on_active_path(e, p, "the port of its active path is back before its other path");
+}
+
 void end_path_wait(Engine& e, Protection& p, const std::string& why) {
   if (!p.path_wait.active) return;
   VirtualQp& v = *p.qp;
+  v.lock().lock();
+  const bool errors = v.has_held_errors();
+  v.lock().unlock();
+  if (!errors && !p.ended && !v.application_failed.load()) {
+    return resume_on_active_path(e, p, "no path came back within the grace");
+  }
   p.path_wait = PathWait{};
-  // From here an error of either path is the application's (the data path reads it under the
-  // QP's lock, which release_held_errors takes after this).
-  v.errors_wait_for_path.store(false);
   VF_LOG_ERROR("qp {}: {}", v.vqpn, why);
   // The held errors first: they are of requests and receives posted before those held since.
+  // After it (application_failed, under the QP's lock) every error of either path is shown.
   release_held_errors(p);
+  v.errors_wait_for_path.store(false);
   std::vector<ibv_wc> flushed;
   v.lock().lock();
   if (v.mode() == PostMode::kBypass) {

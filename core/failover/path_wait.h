@@ -1,4 +1,4 @@
-// The grace (docs/design.md §5j): a QP whose active path failed while its other path is not
+// The grace (docs/design.md §5g): a QP whose active path failed while its other path is not
 // usable yet (reset after a failback and not re-armed, its port down) does not fail at once. Its
 // posts are held and its error completions hidden for up to Engine::grace_ns
 // (VERBS_FAILOVER_GRACE_MS); the first path usable again takes its traffic (start_switch), and
@@ -24,9 +24,14 @@ bool wait_for_path(Engine& e, Protection& p, int target, FailoverReason reason);
 // moves there; or the grace is over, so the application sees the failure (end_path_wait).
 void continue_path_wait(Engine& e, Protection& p);
 
+// The port of the active path is back during the wait: with no error seen on it (RC's retries
+// covered the blink), the QP goes on there; else it keeps waiting for the other path.
+void active_path_back(Engine& e, Protection& p);
+
 // No path came back (or the pair ended meanwhile): the errors held reach the application, the
 // requests it posted during the wait complete as on its QP in ERR, and the QP is failed for good
-// (the pair ends, the peer is told) with `why`.
+// (the pair ends, the peer is told) with `why`. With no error seen, the QP goes on on its active
+// path instead (unprotected; the pair stays on).
 void end_path_wait(Engine& e, Protection& p, const std::string& why);
 
 }  // namespace vf::failover

@@ -96,6 +96,11 @@ void periodic_work(Engine& e) {
     v.errors_wait_for_path.store(p.path_wait.active || may_wait_for_path(e, p, kStandby) ||
                                      may_wait_for_path(e, p, kPrimary),
                                  std::memory_order_relaxed);
+    if (p.path_wait.active) {
+      // Errors of the dead path while the QP waits for the other one: held with the first (no
+      // new hold-down, no new switch; path_wait.h decides).
+      v.link_error_seen.store(false, std::memory_order_relaxed);
+    }
     if (v.link_error_seen.load(std::memory_order_relaxed) && !p.sw.in_progress) {
       // The peer is told "error completion" only for a silent failure (it then holds the path
       // down too); errors of a port that is down are that port's failure.

@@ -13,6 +13,7 @@
 #include "core/failover/memory_mirror.h"
 #include "core/failover/pairing.h"
 #include "core/failover/path_recovery.h"
+#include "core/failover/path_wait.h"
 #include "core/failover/protection_status.h"
 #include "core/failover/qp_transitions.h"
 #include "core/failover/srq_group.h"
@@ -282,6 +283,20 @@ int modify_app_qp(Engine& e, VirtualQp* v, ibv_qp* qp, ibv_qp_attr* attr, int ma
       // The application tears the QP down (or drives it itself): it gets what it asks for. If
       // its traffic runs on the standby, that QP goes to ERR as well, and its flushes reach the
       // application (translated) as the primary's would have.
+      if (p.path_wait.active && attr->qp_state == IBV_QPS_RESET) {
+        // A reset ends the QP's work without completions: what the wait held (errors, posts) is
+        // dropped with it.
+        p.path_wait = PathWait{};
+        v->lock().lock();
+        v->drop_held_errors();
+        v->set_holding(false);
+        v->lock().unlock();
+      } else if (p.path_wait.active) {
+        // Its errors and the flushes of what the wait held come first, before anything the
+        // application posts after this modify.
+        v->application_failed.store(true);
+        end_path_wait(e, p, "the application moved its QP out of RTS while it waited for a path");
+      }
       v->application_failed.store(true);
       if (attr->qp_state == IBV_QPS_RESET && !p.sw.in_progress) {
         // A reset ends all the QP's work without completions and makes it new (an application

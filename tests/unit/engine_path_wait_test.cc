@@ -32,8 +32,8 @@ bool primary_error_shown(Rig& rig, std::uint64_t wr_id, ibv_wc_status status) {
 
 // The rig's traffic on the standby (0x41 posted there), then its failback to the primary: the
 // primary's port goes down before the peer's answer, which finishes the failback onto it.
-void fail_back_onto_a_port_that_went_down(Rig& rig) {
-  rig.e->grace_ns = kGraceNs;
+void fail_back_onto_a_port_that_went_down(Rig& rig, std::uint64_t grace_ns = kGraceNs) {
+  rig.e->grace_ns = grace_ns;
   rig.e->port_stable_ns = 0;
   rig.fail_over_and_rearm();
   rig.post_send(0x41);
@@ -110,14 +110,78 @@ TEST_CASE("A wait for a path that never comes back shows the application its fai
   CHECK(primary_error_shown(rig, 0x43, IBV_WC_WR_FLUSH_ERR));
 }
 
-TEST_CASE("Without a grace, a failback onto a port that went down fails the QP at once",
-          "[engine]") {
+TEST_CASE("Without a grace, a failback onto a port that went down does not wait", "[engine]") {
+  Rig rig;
+  fail_back_onto_a_port_that_went_down(rig, 0);
+  CHECK_FALSE(rig.p->path_wait.active);
+  CHECK_FALSE(rig.v->errors_wait_for_path.load());
+  // What the application posts goes to the dead primary, whose error it then sees.
+  const std::size_t posts = g_posts.size();
+  rig.post_send(0x42);
+  REQUIRE(g_posts.size() == posts + 1);
+  CHECK(g_posts.back().qp == &rig.app_qp);
+  CHECK(primary_error_shown(rig, 0x42, IBV_WC_RETRY_EXC_ERR));
+}
+
+TEST_CASE("During a wait for a path, receives go on to the active path", "[engine]") {
   Rig rig;
   fail_back_onto_a_port_that_went_down(rig);
-  rig.e->grace_ns = 0;  // (set before: the failback itself had one)
+  REQUIRE(rig.p->path_wait.active);
+  const std::size_t receives = g_recv_posts.size();
+  rig.post_recv(0x91);
+  REQUIRE(g_recv_posts.size() == receives + 1);
+  CHECK(g_recv_posts.back().qp == &rig.app_qp);
+}
+
+TEST_CASE("A port that blinks with no error seen: the QP goes on where it is", "[engine]") {
+  Rig rig;
+  rig.e->grace_ns = kGraceNs;
+  vf::failover::periodic_work(*rig.e);
+  // The standby is not usable (its port went down), then the primary's port blinks.
+  vf::failover::on_port_change(*rig.e, 1, 1, IBV_PORT_DOWN);
+  vf::failover::on_port_change(*rig.e, 0, 1, IBV_PORT_DOWN);
+  REQUIRE(rig.p->path_wait.active);
+  const std::size_t posts = g_posts.size();
+  rig.post_send(0x51);
+  CHECK(g_posts.size() == posts);  // held while the port is down
+  vf::failover::on_port_change(*rig.e, 0, 1, IBV_PORT_ACTIVE);
+  CHECK_FALSE(rig.p->path_wait.active);
+  REQUIRE(g_posts.size() == posts + 1);
+  CHECK(g_posts.back().qp == &rig.app_qp);
+  CHECK_FALSE(rig.p->ended);
+  CHECK_FALSE(rig.v->application_failed.load());
+  CHECK(stashed(rig).empty());
+}
+
+TEST_CASE("A grace that runs out with no error seen leaves the QP working on its path",
+          "[engine]") {
+  Rig rig;
+  rig.e->grace_ns = kGraceNs;
+  vf::failover::periodic_work(*rig.e);
+  vf::failover::on_port_change(*rig.e, 1, 1, IBV_PORT_DOWN);
+  vf::failover::on_port_change(*rig.e, 0, 1, IBV_PORT_DOWN);
+  REQUIRE(rig.p->path_wait.active);
+  rig.post_send(0x52);
   rig.p->path_wait.until_ns = 1;
   vf::failover::periodic_work(*rig.e);
   CHECK_FALSE(rig.p->path_wait.active);
-  CHECK(rig.p->ended);
-  CHECK_FALSE(rig.v->errors_wait_for_path.load());
+  CHECK_FALSE(rig.p->ended);
+  CHECK(g_posts.back().qp == &rig.app_qp);
+  CHECK(stashed(rig).empty());
+}
+
+TEST_CASE("An application that resets its QP during a wait gets nothing of what it held",
+          "[engine]") {
+  Rig rig;
+  fail_back_onto_a_port_that_went_down(rig);
+  rig.post_send(0x42);
+  CHECK_FALSE(primary_error_shown(rig, 0x40, IBV_WC_RETRY_EXC_ERR));
+  (void)stashed(rig);  // the failback's own completions
+  ibv_qp_attr attr{};
+  attr.qp_state = IBV_QPS_RESET;
+  REQUIRE(vf::failover::modify_app_qp(*rig.e, rig.v, &rig.app_qp, &attr, IBV_QP_STATE,
+                                      fake_modify_qp) == 0);
+  vf::failover::periodic_work(*rig.e);
+  CHECK_FALSE(rig.p->path_wait.active);
+  CHECK(stashed(rig).empty());
 }
