@@ -6,6 +6,7 @@
 
 #include "core/log.h"
 #include "shim/export.h"
+#include "shim/real_verbs.h"
 #include "shim/shim_state.h"
 
 namespace vf::shim {
@@ -38,7 +39,10 @@ void* redirect_verbs_dlopen(const char* file, int mode) {
                 file);
     return real;
   }
-  dlclose(real);  // libibverbs stays loaded: the shim itself depends on it
+  // libibverbs stays loaded: the shim's table of real verbs holds a reference of its own, taken
+  // here at the latest (real_verbs.cc), and never given back.
+  (void)real_verbs();
+  dlclose(real);
   VF_LOG_DEBUG("dlopen(\"{}\") answered with the shim's handle", file);
   return self;
 }

@@ -45,6 +45,7 @@ struct fake_control {
   int (*set_recv_delay)(int, unsigned);
   int (*set_flush_on_modify_only)(int, int);
   int (*set_drop)(int, int);
+  int (*set_lose_acks)(int, unsigned);
   int (*set_retry_without_end_at_7)(int, int);
   int (*device_count)(void);
   void (*reset)(void);

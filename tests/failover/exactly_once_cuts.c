@@ -361,6 +361,32 @@ static void scenario_no_cut(void) {
 
 /* ------------------------------------------------------------------ the scenarios by name */
 
+/* A's SEND was executed by B (its data placed, B's receive completed) but its acknowledgement is
+   lost, and so is every retry's until the port dies (the fake's lose_acks): A has no completion
+   for it, and the WRITE_WITH_IMM behind it was never sent. A must get each completion once,
+   SUCCESS (B's count proves the SEND delivered), and B each message once: the SEND is not sent
+   again, the WRITE_WITH_IMM is. */
+#define LOST_ACKS 1000u /* more than any retry count: every retry's acknowledgement is lost */
+static void scenario_ack_lost(void) {
+  setup(48, 48);
+  warmup();
+  const struct fake_verbs_qp_stats a0 = qp_stats(&g_a), b0 = qp_stats(&g_b);
+  if (fv.set_lose_acks(0, LOST_ACKS) != 0) setup_fail("fake_verbs_set_lose_acks(0)");
+  begin_batch(&g_a);
+  post_op(&g_a, IBV_WR_SEND, 300, SIG, 0);
+  post_op(&g_a, IBV_WR_RDMA_WRITE_WITH_IMM, 400, SIG, 0xacc0);
+  end_batch(&g_a);
+  const struct fake_verbs_qp_stats a1 = qp_stats(&g_a), b1 = qp_stats(&g_b);
+  if (a1.messages_sent != a0.messages_sent + 1 || b1.messages_received != b0.messages_received + 1)
+    setup_fail("the SEND was not executed alone with its acknowledgement lost (A sent %llu->%llu, "
+               "B received %llu->%llu)",
+               (unsigned long long)a0.messages_sent, (unsigned long long)a1.messages_sent,
+               (unsigned long long)b0.messages_received, (unsigned long long)b1.messages_received);
+  do_cut();
+  if (fv.set_lose_acks(0, 0) != 0) setup_fail("fake_verbs_set_lose_acks(0, 0)");
+  wait_for(all_done, POLL_BOTH, "the SEND whose acknowledgement was lost, and the request behind it");
+}
+
 static const struct scenario kScenarios[] = {
     {"before_wwi", scenario_before_wwi},
     {"during_wwi", scenario_during_wwi},
@@ -377,6 +403,7 @@ static const struct scenario kScenarios[] = {
     {"failback_in_flight", scenario_failback_in_flight},
     {"standby_blink", scenario_standby_blink},
     {"no_cut", scenario_no_cut},
+    {"ack_lost", scenario_ack_lost},
 };
 
 const struct scenario* find_scenario(const char* name) {

@@ -55,6 +55,7 @@ void load_fake_api(void) {
   fv.set_recv_delay = (int (*)(int, unsigned))fake_sym("fake_verbs_set_recv_completion_delay");
   fv.set_flush_on_modify_only = (int (*)(int, int))fake_sym("fake_verbs_set_flush_on_modify_only");
   fv.set_drop = (int (*)(int, int))fake_sym("fake_verbs_set_drop");
+  fv.set_lose_acks = (int (*)(int, unsigned))fake_sym("fake_verbs_set_lose_acks");
   fv.set_retry_without_end_at_7 =
       (int (*)(int, int))fake_sym("fake_verbs_set_retry_without_end_at_7");
   fv.device_count = (int (*)(void))fake_sym("fake_verbs_device_count");

@@ -67,6 +67,15 @@ FAKE_EXPORT int fake_verbs_set_drop(int index, int enabled) {
   return 0;
 }
 
+FAKE_EXPORT int fake_verbs_set_lose_acks(int index, unsigned count) {
+  auto lock = fabric_lock();
+  Device* dev = device_at(index);
+  if (dev == nullptr) return -1;
+  dev->lose_acks = count;
+  fake_log("the next %u acknowledgement(s) to %s lost", count, dev->shell.dev.name);
+  return 0;
+}
+
 FAKE_EXPORT int fake_verbs_set_delay(int index, unsigned steps) {
   auto lock = fabric_lock();
   Device* dev = device_at(index);

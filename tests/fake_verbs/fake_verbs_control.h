@@ -69,6 +69,14 @@ int fake_verbs_set_flush_on_modify_only(int device_index, int enabled);
  * -1 for a bad index. */
 int fake_verbs_set_retry_without_end_at_7(int device_index, int enabled);
 
+/* The acknowledgements of the next 'count' requests from QPs on the device are lost: the
+ * responder executes each (data placed, receive completed) but the requester sees nothing and
+ * retries it, one transport try per progress step like a lost packet; a retry reaching the
+ * responder is recognised by its PSN and acknowledged without executing it again; a requester
+ * whose retries run out first (the path died) completes it with IBV_WC_RETRY_EXC_ERR though it
+ * executed. Returns 0, or -1 for a bad index. */
+int fake_verbs_set_lose_acks(int device_index, unsigned count);
+
 /* Runs one progress step (same as what every post/poll call does). */
 void fake_verbs_progress(void);
 

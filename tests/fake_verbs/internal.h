@@ -106,6 +106,9 @@ struct Device {
   // A requester whose QP has retry_cnt 7 retries a lost packet without end, like rxe
   // (fake_verbs_set_retry_without_end_at_7).
   bool retry_without_end_at_7 = false;
+  // The acknowledgements of this many requests from this device's QPs are lost after the
+  // responder executed them (fake_verbs_set_lose_acks).
+  unsigned lose_acks = 0;
   DeviceStats stats;
   std::vector<Context*> contexts;  // open contexts, to raise async events on
 };
@@ -197,6 +200,9 @@ struct SendWork {
   uint64_t ready_step = 0;
   unsigned rnr_naks = 0;
   unsigned transport_tries = 0;
+  // The responder executed it and its acknowledgement was lost: a retry the responder recognises
+  // by its PSN is acknowledged again without executing anything a second time.
+  bool executed = false;
 };
 
 struct QpStats {

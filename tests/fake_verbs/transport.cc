@@ -11,7 +11,9 @@
 // path is dead (silent drop, remote port down, remote QP missing or not >= RTR) — one transport
 // try per step, RETRY_EXC_ERR after retry_cnt retries — or the responder has no receive — one RNR
 // NAK per step, RNR_RETRY_EXC_ERR after rnr_retry retries, never for rnr_retry 7 (infinite).
-// Everything else completes in the same step it is tried (an instantly acknowledging wire).
+// Everything else completes in the same step it is tried (an instantly acknowledging wire), unless
+// its acknowledgement is lost (fake_verbs_set_lose_acks): then the responder has executed it and
+// the requester retries it like a lost packet until a retry is acknowledged or the retries run out.
 #include <cerrno>
 #include <cstring>
 
@@ -209,6 +211,19 @@ bool execute_head(Qp* qp) {
                     remote_dev->port_up &&
                     (rstate == IBV_QPS_RTR || rstate == IBV_QPS_RTS || rstate == IBV_QPS_SQD);
   if (!path_alive) return lose_try(qp, w);
+  if (w.executed) {
+    // A retry of a request the responder executed: a duplicate PSN, acknowledged again (a read's
+    // or an atomic's response is resent from the responder's record), nothing executed twice.
+    // That acknowledgement can be lost too.
+    if (local->lose_acks > 0) {
+      --local->lose_acks;
+      return lose_try(qp, w);
+    }
+    SendWork done = std::move(qp->send_queue.front());
+    qp->send_queue.pop_front();
+    complete_send(qp, done, IBV_WC_SUCCESS);
+    return true;
+  }
 
   // Responder.
   std::deque<RecvWork>& rq = receive_queue_of(r);
@@ -317,6 +332,11 @@ bool execute_head(Qp* qp) {
   ++r->stats.messages_received;
   ++local->stats.tx_messages;
   ++remote_dev->stats.rx_messages;
+  if (local->lose_acks > 0) {  // executed, its acknowledgement lost: the requester retries
+    --local->lose_acks;
+    w.executed = true;
+    return lose_try(qp, w);
+  }
   SendWork done = std::move(qp->send_queue.front());
   qp->send_queue.pop_front();
   complete_send(qp, done, IBV_WC_SUCCESS);
