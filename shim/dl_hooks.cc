@@ -40,8 +40,9 @@ void* redirect_verbs_dlopen(const char* file, int mode) {
     return real;
   }
   // libibverbs stays loaded: the shim's table of real verbs holds a reference of its own, taken
-  // here at the latest (real_verbs.cc), and never given back.
-  (void)real_verbs();
+  // when the shim started (real_verbs.cc), never given back. A library the shim could not load
+  // then (named by a path outside the loader's search) is the program's own: not redirected.
+  if (real_verbs().handle == nullptr) return real;
   dlclose(real);
   VF_LOG_DEBUG("dlopen(\"{}\") answered with the shim's handle", file);
   return self;

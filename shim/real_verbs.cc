@@ -11,8 +11,9 @@ namespace {
 RealVerbs resolve() {
   RealVerbs table;
   // The copy the program loaded (or the fake one tests put first on LD_LIBRARY_PATH), else the one
-  // the loader finds, loaded as the DT_NEEDED dependency the shim no longer has would have loaded
-  // it: into the global scope, where a library dlopened later may look for its symbols.
+  // the loader finds, loaded as the DT_NEEDED dependency of a preloaded shim would have been:
+  // into the global scope, where a library dlopened later may look for its symbols (when the shim
+  // is itself dlopened, NCCL_IBVERBS_LIB, that is wider than a dependency's local scope).
   table.handle = real_dlopen()("libibverbs.so.1", RTLD_NOW | RTLD_NOLOAD);
   if (table.handle == nullptr) table.handle = real_dlopen()("libibverbs.so.1", RTLD_NOW | RTLD_GLOBAL);
   if (table.handle == nullptr) {

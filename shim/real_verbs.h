@@ -8,9 +8,27 @@
 
 #include <infiniband/verbs.h>
 
-// rdma-core >= v57 only; older headers (Debian 12 ships v44) do not declare it.
+// Newer rdma-core only (IBVERBS_1.16); older headers (Debian 12 ships v44) do not declare it.
 extern "C" int ibv_query_port_speed(struct ibv_context* context, uint32_t port_num,
                                     uint64_t* port_speed);
+
+// Exported by libibverbs but declared only in its driver and marshalling headers (or nowhere any
+// more): the shim passes them on (utility_hooks.cc) so that a lookup through its handle finds
+// every public symbol libibverbs has.
+extern "C" {
+struct ibv_sa_path_rec;
+struct ib_user_path_rec;
+struct ib_uverbs_qp_attr;
+struct ib_uverbs_ah_attr;
+void ibv_copy_path_rec_from_kern(struct ibv_sa_path_rec* dst, struct ib_user_path_rec* src);
+void ibv_copy_path_rec_to_kern(struct ib_user_path_rec* dst, struct ibv_sa_path_rec* src);
+void ibv_copy_qp_attr_from_kern(struct ibv_qp_attr* dst, struct ib_uverbs_qp_attr* src);
+void ibv_copy_ah_attr_from_kern(struct ibv_ah_attr* dst, struct ib_uverbs_ah_attr* src);
+const char* ibv_get_sysfs_path(void);
+int ibv_read_sysfs_file(const char* dir, const char* file, char* buf, size_t size);
+int ibv_dontfork_range(void* base, size_t size);
+int ibv_dofork_range(void* base, size_t size);
+}
 
 // X(name, version): every verb the shim exports, with the version node libibverbs gives it.
 #define VF_FOR_EACH_HOOKED_VERB(X)            \
@@ -59,6 +77,14 @@ extern "C" int ibv_query_port_speed(struct ibv_context* context, uint32_t port_n
   X(ibv_port_state_str, "IBVERBS_1.1")        \
   X(ibv_node_type_str, "IBVERBS_1.1")         \
   X(ibv_rate_to_mult, "IBVERBS_1.0")          \
+  X(ibv_copy_path_rec_from_kern, "IBVERBS_1.0") \
+  X(ibv_copy_path_rec_to_kern, "IBVERBS_1.0") \
+  X(ibv_copy_qp_attr_from_kern, "IBVERBS_1.0") \
+  X(ibv_get_sysfs_path, "IBVERBS_1.0")        \
+  X(ibv_read_sysfs_file, "IBVERBS_1.0")       \
+  X(ibv_copy_ah_attr_from_kern, "IBVERBS_1.1") \
+  X(ibv_dontfork_range, "IBVERBS_1.1")        \
+  X(ibv_dofork_range, "IBVERBS_1.1")          \
   X(mult_to_ibv_rate, "IBVERBS_1.0")          \
   X(ibv_rate_to_mbps, "IBVERBS_1.1")          \
   X(mbps_to_ibv_rate, "IBVERBS_1.1")          \

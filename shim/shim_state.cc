@@ -14,6 +14,7 @@
 #include "shim/failover_bridge.h"
 #include "shim/object_records.h"
 #include "shim/port_monitor.h"
+#include "shim/real_verbs.h"
 
 namespace vf::shim {
 namespace {
@@ -80,6 +81,9 @@ void initialize_slow() {
   if (g_config.backtrace) install_crash_handler();
   if (g_config.enabled) {
     configure_failover(g_config);
+    // No libibverbs to reach (real_verbs.cc said so at info): every hook a program could still
+    // find (dlsym) passes straight on, and no dlopen is redirected.
+    if (real_verbs().handle == nullptr) g_active.store(false, std::memory_order_relaxed);
     register_fork_participant({[] { FailoverEngine::instance().lock_for_fork(); },
                                [] { FailoverEngine::instance().unlock_after_fork(); },
                                [] { FailoverEngine::instance().forget_after_fork(); }});

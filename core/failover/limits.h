@@ -20,6 +20,11 @@ constexpr std::uint64_t kRearmRetryNs = 5'000'000'000;
 constexpr int kMaxGidScan = 16;
 constexpr int kPairingRounds = 6;
 constexpr std::uint64_t kSwitchAnswerTimeoutNs = 10'000'000'000;
+// A switch request unanswered for this long is sent again (same epoch, same count), until the
+// answer comes or kSwitchAnswerTimeoutNs passes: a request or answer lost with a session that
+// broke (the peer answers a repeated request it already answered with the same answer).
+constexpr std::uint64_t kSwitchResendNs = 1'000'000'000;
+static_assert(kSwitchResendNs * 4 < kSwitchAnswerTimeoutNs);
 // How long a failback a peer asked for waits for the other QPs of its SRQ to be re-connected
 // (srq_group.cc) before the peer is told the pair is over: well inside the peer's own wait for
 // the answer, which began earlier (its drain, the message's way here).

@@ -217,8 +217,9 @@ void finish_switch(Engine& e, Protection& p) {
     if (v.recv_cq != v.send_cq) retire_shadow_if_unused(e, *v.recv_cq);
   }
   if (first_lost != UINT64_MAX) return fail_for_lost_atomic(e, p, lost_atomic_wr_id);
-  if (going_back) {
-    // Back to the path that works, once it is re-armed (path_wait.h), not errors on the dead one.
+  if (v.path[sw.to].failed && !p.ended && first_lost == UINT64_MAX) {
+    // Back to the path that works, once it is re-armed (path_wait.h), not errors on the dead one
+    // (without a grace, or on an SRQ, the switch back reports the QP unprotected at least).
     VF_LOG_WARN("qp {}: its {} path failed during the switch to it; its traffic goes back to the {} "
                 "path",
                 v.vqpn, path_name(sw.to), path_name(old_path));
@@ -390,7 +391,9 @@ void start_switch(Engine& e, Protection& p, int target, FailoverReason reason) {
   ask_peer_to_switch(e, p, reason);
 }
 
-void ask_peer_to_switch(Engine& e, Protection& p, FailoverReason reason) {
+namespace {
+
+FailoverRequest switch_request(const Protection& p, FailoverReason reason) {
   FailoverRequest request;
   request.local = p.local;
   request.remote = p.remote;
@@ -398,8 +401,43 @@ void ask_peer_to_switch(Engine& e, Protection& p, FailoverReason reason) {
   request.reason = static_cast<std::uint32_t>(reason);
   request.epoch = p.sw.epoch;
   request.target_path = static_cast<std::uint8_t>(p.sw.to);
-  if (!send_to_peer(e, p, request)) return abort_switch(p, "the peer's shim cannot be reached");
+  return request;
+}
+
+FailoverReply switch_reply(const Protection& p) {
+  FailoverReply reply;
+  reply.local = p.local;
+  reply.remote = p.remote;
+  reply.delivered_messages = p.sw.local_count;
+  reply.epoch = p.sw.epoch;
+  reply.target_path = static_cast<std::uint8_t>(p.sw.to);
+  return reply;
+}
+
+}  // namespace
+
+void ask_peer_to_switch(Engine& e, Protection& p, FailoverReason reason) {
+  p.sw.request_sent_ns = monotonic_ns();
+  if (!send_to_peer(e, p, switch_request(p, reason))) {
+    return abort_switch(p, "the peer's shim cannot be reached");
+  }
   if (p.sw.peer_known) finish_switch(e, p);
+}
+
+void resend_switch_request(Engine& e, Protection& p, std::uint64_t now) {
+  SwitchState& sw = p.sw;
+  if (!sw.in_progress || !sw.initiator || sw.peer_known || sw.request_sent_ns == 0 ||
+      now < sw.request_sent_ns + kSwitchResendNs) {
+    return;
+  }
+  sw.request_sent_ns = now;
+  ++sw.resends;
+  VF_LOG_INFO("qp {}: no answer to its switch request (epoch {}) yet; sent again ({})", p.qp->vqpn,
+              sw.epoch, sw.resends);
+  // A peer that cannot be reached now may be by the deadline (periodic_work aborts then).
+  if (!send_to_peer(e, p, switch_request(p, sw.reason))) {
+    VF_LOG_DEBUG("qp {}: the repeated switch request could not be sent", p.qp->vqpn);
+  }
 }
 
 void handle_failover(Engine& e, const QpKey& ours, std::uint64_t delivered, std::uint32_t epoch,
@@ -438,6 +476,17 @@ void handle_failover(Engine& e, const QpKey& ours, std::uint64_t delivered, std:
     sw.peer_known = true;
     sw.peer_count = delivered;
     if (sw.local_ready) finish_switch(e, *p);
+    return;
+  }
+  if (is_request && sw.epoch == epoch && !sw.initiator) {
+    // The request of a switch this side answers or answered, again (its sender heard no answer:
+    // it was lost with a session): while under way it changes nothing; done, the same answer
+    // goes again (the peer takes only the first).
+    if (!sw.in_progress && p->epoch == epoch && p->qp->active_path() == target) {
+      VF_LOG_INFO("qp {}: the peer repeats its switch request (epoch {}); answered again",
+                  p->qp->vqpn, epoch);
+      send_to_peer(e, *p, switch_reply(*p));
+    }
     return;
   }
   if (!is_request || sw.in_progress || epoch <= p->epoch) {
@@ -480,13 +529,7 @@ void answer_failover(Engine& e, Protection& p, std::uint64_t delivered) {
   SwitchState& sw = p.sw;
   sw.peer_known = true;
   sw.peer_count = delivered;
-  FailoverReply reply;
-  reply.local = p.local;
-  reply.remote = p.remote;
-  reply.delivered_messages = sw.local_count;
-  reply.epoch = sw.epoch;
-  reply.target_path = static_cast<std::uint8_t>(sw.to);
-  send_to_peer(e, p, reply);
+  send_to_peer(e, p, switch_reply(p));
   finish_switch(e, p);
 }
 

@@ -49,6 +49,10 @@ std::vector<ibv_wc> unposted_request_flushes_locked(const VirtualQp& v);
 // (FailoverRequest); a peer that cannot be reached aborts the switch.
 void ask_peer_to_switch(Engine& e, Protection& p, FailoverReason reason);
 
+// The initiator's request unanswered for kSwitchResendNs: sent again, same epoch and count (each
+// engine pass; periodic_work aborts the switch at kSwitchAnswerTimeoutNs).
+void resend_switch_request(Engine& e, Protection& p, std::uint64_t now);
+
 // FailoverRequest (is_request) or FailoverReply for our QP `ours`: the answer to our switch
 // (finish it), or the peer's switch (begin ours, answer_failover). Stale epochs are ignored.
 void handle_failover(Engine& e, const QpKey& ours, std::uint64_t delivered, std::uint32_t epoch,

@@ -7,6 +7,7 @@
 #include "core/failover/pair_end.h"
 #include "core/failover/path_switch.h"
 #include "core/failover/protection_status.h"
+#include "core/failover/qp_transitions.h"
 #include "core/log.h"
 #include "core/verbs_names.h"
 
@@ -14,24 +15,37 @@ namespace vf::failover {
 
 namespace {
 
-// The wait ends with no error seen (the port of the active path blinked, and RC's retries may
-// have covered it): the QP goes on where it is, its held requests posted there, unprotected; the
-// pair stays on. If the path is dead after all, its errors start a wait of their own, and that
-// one ends in the application's error.
-void resume_on_active_path(Engine& e, Protection& p, const char* why) {
+// The wait ends with no error seen and the active path's port up and stable (it blinked, and RC's
+// retries may have covered it): the QP goes on where it is, its held requests posted there,
+// unprotected; the pair stays on. If the path is dead after all, its errors start a wait of their
+// own, and that one ends in the application's error.
+void resume_on_active_path(Protection& p, const char* why) {
   VirtualQp& v = *p.qp;
   const int active = v.active_path();
   p.path_wait = PathWait{};
-  const PhysicalPath& physical = v.path[active];
-  if (port_active(e, physical.device_index, physical.port)) v.path[active].failed = false;
+  v.path[active].failed = false;
   VF_LOG_WARN("qp {}: {}; no error was seen, so it goes on on its {} path", v.vqpn, why,
               path_name(active));
   v.lock().lock();
   v.set_holding(false);
   v.post_pending();
+  // On its primary, posts go straight to the provider again (as after a failback).
+  if (active == kPrimary) v.set_mode(PostMode::kDirect);
   v.lock().unlock();
   set_unprotected(p, fmt::format("its {} path is not usable; running on the {} path alone",
                                  path_name(other_path(active)), path_name(active)));
+}
+
+// Whether the QP can go on on its active path: no error seen on it, its port ACTIVE and stable.
+bool active_path_usable(Engine& e, Protection& p) {
+  VirtualQp& v = *p.qp;
+  v.lock().lock();
+  const bool errors = v.has_held_errors();
+  v.lock().unlock();
+  const PhysicalPath& physical = v.path[v.active_path()];
+  return !errors && !p.ended && !v.application_failed.load() &&
+         port_active(e, physical.device_index, physical.port) &&
+         port_stable(e, physical.device_index, physical.port, monotonic_ns());
 }
 
 }  // namespace
@@ -85,6 +99,9 @@ void continue_path_wait(Engine& e, Protection& p) {
   if (p.ended || v.application_failed.load()) {
     return end_path_wait(e, p, "the pair ended while its QP waited for a path");
   }
+  if (active_path_usable(e, p)) {
+    return resume_on_active_path(p, "the port of its active path is back before its other path");
+  }
   if (monotonic_ns() >= wait.until_ns) {
     end_path_wait(e, p,
                   fmt::format("no path is left: none came back within {} ms "
@@ -94,27 +111,18 @@ void continue_path_wait(Engine& e, Protection& p) {
   }
 }
 
-void active_path_back(Engine& e, Protection& p) {
-  if (!p.path_wait.active) return;
-  VirtualQp& v = *p.qp;
-  v.lock().lock();
-  const bool errors = v.has_held_errors();
-  v.lock().unlock();
-  if (errors || p.ended || v.application_failed.load()) return;  // its QP failed: still waiting
-  resume_on_active_path(e, p, "the port of its active path is back before its other path");
-}
-
 void end_path_wait(Engine& e, Protection& p, const std::string& why) {
   if (!p.path_wait.active) return;
   VirtualQp& v = *p.qp;
-  v.lock().lock();
-  const bool errors = v.has_held_errors();
-  v.lock().unlock();
-  if (!errors && !p.ended && !v.application_failed.load()) {
-    return resume_on_active_path(e, p, "no path came back within the grace");
-  }
+  if (active_path_usable(e, p)) return resume_on_active_path(p, "its other path did not come back");
   p.path_wait = PathWait{};
   VF_LOG_ERROR("qp {}: {}", v.vqpn, why);
+  // Its active path stays dead for the application from here, as a QP in ERR: later requests
+  // flush too, even if its port comes back (no success after the flushes shown below).
+  const int active = v.active_path();
+  if (!v.application_failed.load() && !to_error(e, v.path[active].qp, active == kPrimary)) {
+    VF_LOG_WARN("qp {}: moving its {} QP to ERR failed", v.vqpn, path_name(active));
+  }
   // The held errors first: they are of requests and receives posted before those held since.
   // After it (application_failed, under the QP's lock) every error of either path is shown.
   release_held_errors(p);

@@ -21,17 +21,15 @@ bool may_wait_for_path(const Engine& e, const Protection& p, int target);
 bool wait_for_path(Engine& e, Protection& p, int target, FailoverReason reason);
 
 // Each engine pass, and when a path is re-armed: the awaited path is usable, so the traffic
-// moves there; or the grace is over, so the application sees the failure (end_path_wait).
+// moves there; or the active path's port is back and stable with no error seen on it (a blink
+// RC's retries covered), so the QP goes on there; or the grace is over (end_path_wait).
 void continue_path_wait(Engine& e, Protection& p);
-
-// The port of the active path is back during the wait: with no error seen on it (RC's retries
-// covered the blink), the QP goes on there; else it keeps waiting for the other path.
-void active_path_back(Engine& e, Protection& p);
 
 // No path came back (or the pair ended meanwhile): the errors held reach the application, the
 // requests it posted during the wait complete as on its QP in ERR, and the QP is failed for good
-// (the pair ends, the peer is told) with `why`. With no error seen, the QP goes on on its active
-// path instead (unprotected; the pair stays on).
+// (the pair ends, the peer is told) with `why`; its active QP goes to ERR, so that nothing
+// succeeds after those flushes. With no error seen and its port up and stable, the QP goes on on
+// its active path instead (unprotected; the pair stays on).
 void end_path_wait(Engine& e, Protection& p, const std::string& why);
 
 }  // namespace vf::failover

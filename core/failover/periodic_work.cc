@@ -114,6 +114,7 @@ void periodic_work(Engine& e) {
       p.start_pairing_pending = false;
       if (!p.paired && !p.pairing) start_pairing(e, p);
     }
+    resend_switch_request(e, p, now);
     if (p.sw.in_progress && !p.sw.peer_known && now > p.sw.started_monotonic_ns &&
         now - p.sw.started_monotonic_ns > kSwitchAnswerTimeoutNs) {
       abort_switch(p, "no answer from the peer's shim within 10 s");

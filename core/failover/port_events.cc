@@ -11,7 +11,6 @@
 #include "core/failover/pair_end.h"
 #include "core/failover/path_recovery.h"
 #include "core/failover/path_switch.h"
-#include "core/failover/path_wait.h"
 #include "core/failover/protection_status.h"
 #include "core/log.h"
 #include "core/verbs_names.h"
@@ -66,8 +65,6 @@ void on_port_change(Engine& e, int device, std::uint8_t port, ibv_port_state sta
           p.rearm[path].notice_sent_ns = 0;  // the "up" notice goes as soon as the port is back
         }
         if (p.paired && idle) send_path_status(e, p, path, false);
-      } else if (p.paired && v.active_path() == path && !p.sw.in_progress) {
-        active_path_back(e, p);  // a blink its QP may have survived (path_wait.h)
       } else if (p.paired && v.active_path() != path) {
         p.hold[path] = HoldDown{};  // a port event: whatever failed may have been repaired
         if (!p.rearm[path].needed && v.path[path].connected) {

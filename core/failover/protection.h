@@ -44,6 +44,8 @@ struct SwitchState {
   std::uint64_t peer_count = 0;
   bool initiator = false;
   std::uint64_t started_monotonic_ns = 0;
+  std::uint64_t request_sent_ns = 0;  // initiator: when its FailoverRequest last went
+  std::uint32_t resends = 0;
 };
 
 struct RearmState {

@@ -286,9 +286,13 @@ int modify_app_qp(Engine& e, VirtualQp* v, ibv_qp* qp, ibv_qp_attr* attr, int ma
       if (p.path_wait.active && attr->qp_state == IBV_QPS_RESET) {
         // A reset ends the QP's work without completions: what the wait held (errors, posts) is
         // dropped with it.
+        // Under one lock with the move to pass-through: a post racing it must not send what the
+        // wait held (those requests are dropped from the ring's view: nothing is posted again).
         p.path_wait = PathWait{};
         v->lock().lock();
         v->drop_held_errors();
+        v->restart_sends(v->send_ring().next_sequence());
+        v->set_mode(PostMode::kBypass);
         v->set_holding(false);
         v->lock().unlock();
       } else if (p.path_wait.active) {

@@ -108,10 +108,12 @@ void switch_srq_group(Engine& e, SrqGroup& g, int target, FailoverReason reason,
   if (passive != nullptr) {
     auto known = std::find_if(passives.begin(), passives.end(),
                               [&](const auto& m) { return m.q == passive; });
+    const bool repeated = known != passives.end() && known->epoch == passive_epoch;
     if (known == passives.end()) known = passives.insert(passives.end(), {passive});
     known->epoch = passive_epoch;
     known->delivered = passive_delivered;
-    known->asked_ns = monotonic_ns();
+    // A request the peer repeats (kSwitchResendNs) does not restart the member's wait.
+    if (!repeated) known->asked_ns = monotonic_ns();
   }
   auto passive_of = [&](const Protection* q) -> const SrqGroup::PassiveMember* {
     for (const auto& m : passives) {

@@ -1,5 +1,6 @@
 // Devices and contexts: listing, opening (where the shim takes over a context's function
 // pointers), closing, and the query verbs.
+#include <errno.h>
 #include <infiniband/verbs.h>
 
 #include <mutex>
@@ -36,7 +37,16 @@ ibv_context* take_over_context(ibv_context* context) {
 
 VF_EXPORT ibv_device** ibv_get_device_list(int* num_devices) {
   return intercept("ibv_get_device_list", VF_ARGS("num_devices={}", fmt::ptr(num_devices)),
-                   [&] { return real_verbs().ibv_get_device_list(num_devices); });
+                   [&]() -> ibv_device** {
+                     // No libibverbs in the process (the shim stays idle, real_verbs.cc): what a
+                     // probe for verbs gets is "no devices", never a call through a null pointer.
+                     if (real_verbs().ibv_get_device_list == nullptr) {
+                       if (num_devices != nullptr) *num_devices = 0;
+                       errno = ENOSYS;
+                       return nullptr;
+                     }
+                     return real_verbs().ibv_get_device_list(num_devices);
+                   });
 }
 
 VF_EXPORT void ibv_free_device_list(ibv_device** list) {
@@ -158,7 +168,9 @@ VF_EXPORT int ibv_resolve_eth_l2_from_gid(ibv_context* context, ibv_ah_attr* att
 }
 
 VF_EXPORT int ibv_fork_init(void) {
-  return intercept("ibv_fork_init", VF_ARGS(""), [&] { return real_verbs().ibv_fork_init(); });
+  return intercept("ibv_fork_init", VF_ARGS(""), [&] {
+    return real_verbs().ibv_fork_init != nullptr ? real_verbs().ibv_fork_init() : ENOSYS;
+  });
 }
 
 VF_EXPORT const char* ibv_event_type_str(enum ibv_event_type event) {

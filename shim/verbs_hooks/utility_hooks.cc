@@ -1,5 +1,5 @@
-// Verbs the shim does not change (names of enums, rate conversions, the fork status, imported
-// device memory), exported so that a lookup through the shim's handle finds them as one through
+// Verbs the shim does not change (names of enums, rate conversions, the fork status and ranges,
+// imported device memory, the old kernel-ABI and sysfs helpers), exported so that a lookup through the shim's handle finds them as one through
 // libibverbs' does: NCCL's dlopen path (docs/design.md §2b) and NCCL_IBVERBS_LIB (§2c) look verbs
 // up in the shim, and the shim has no DT_NEEDED on libibverbs to fall through to (a machine
 // without rdma-core must run every program as without the shim: issue 19 item 13). Each calls
@@ -64,4 +64,42 @@ VF_EXPORT struct ibv_dm* ibv_import_dm(struct ibv_context* context, uint32_t dm_
 VF_EXPORT void ibv_unimport_dm(struct ibv_dm* dm) {
   const auto real = real_verbs().ibv_unimport_dm;
   if (real != nullptr) real(dm);
+}
+
+VF_EXPORT int ibv_dontfork_range(void* base, size_t size) {
+  const auto real = real_verbs().ibv_dontfork_range;
+  return real != nullptr ? real(base, size) : EOPNOTSUPP;
+}
+
+VF_EXPORT int ibv_dofork_range(void* base, size_t size) {
+  const auto real = real_verbs().ibv_dofork_range;
+  return real != nullptr ? real(base, size) : EOPNOTSUPP;
+}
+
+VF_EXPORT const char* ibv_get_sysfs_path(void) {
+  const auto real = real_verbs().ibv_get_sysfs_path;
+  return real != nullptr ? real() : nullptr;
+}
+
+VF_EXPORT int ibv_read_sysfs_file(const char* dir, const char* file, char* buf, size_t size) {
+  const auto real = real_verbs().ibv_read_sysfs_file;
+  return real != nullptr ? real(dir, file, buf, size) : -1;
+}
+
+VF_EXPORT void ibv_copy_path_rec_from_kern(struct ibv_sa_path_rec* dst,
+                                           struct ib_user_path_rec* src) {
+  if (const auto real = real_verbs().ibv_copy_path_rec_from_kern) real(dst, src);
+}
+
+VF_EXPORT void ibv_copy_path_rec_to_kern(struct ib_user_path_rec* dst,
+                                         struct ibv_sa_path_rec* src) {
+  if (const auto real = real_verbs().ibv_copy_path_rec_to_kern) real(dst, src);
+}
+
+VF_EXPORT void ibv_copy_qp_attr_from_kern(struct ibv_qp_attr* dst, struct ib_uverbs_qp_attr* src) {
+  if (const auto real = real_verbs().ibv_copy_qp_attr_from_kern) real(dst, src);
+}
+
+VF_EXPORT void ibv_copy_ah_attr_from_kern(struct ibv_ah_attr* dst, struct ib_uverbs_ah_attr* src) {
+  if (const auto real = real_verbs().ibv_copy_ah_attr_from_kern) real(dst, src);
 }

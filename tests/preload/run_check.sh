@@ -165,6 +165,12 @@ case "$case_name" in
     expect_not_in "$out" "error while loading"
     expect_in "$log" "info: libibverbs.so.1 cannot be loaded .*verbs-failover stays idle"
     [ "$(grep -c . "$log")" = 1 ] || fail "expected one log line, got $(grep -c . "$log")"
+    # NCCL told to load the shim itself (NCCL_IBVERBS_LIB) on such a machine: every verb it looks
+    # up is found, and the first call says "no devices" (NCCL then uses sockets), never a crash.
+    hidden env NCCL_IBVERBS_LIB="$VF_SHIM" "$VF_BIN/vf_nccl_loader" --expect "$shim_name" \
+      >"$work/nccl.txt" 2>&1 || fail "NCCL's loader with the shim as its libibverbs failed: $(cat "$work/nccl.txt")"
+    expect_in "$work/nccl.txt" "^DEVICES 0$"
+    expect_in "$work/nccl.txt" "^PASS: 0 mismatches"
     ;;
   exports_match_libibverbs)
     # Every hook is exported under the version node libibverbs gives the same verb (else
@@ -174,11 +180,11 @@ case "$case_name" in
     real=$(readlink -f "${VF_REAL_IBVERBS:?}")
     [ -f "$real" ] || fail "libibverbs not found at $VF_REAL_IBVERBS"
     # Default versions only: "(IBVERBS_1.0)" (hidden compatibility aliases) must not be matched.
-    objdump -T "$real" | awk '$4 != "*UND*" && $NF ~ /^ibv_|^_ibv_/ && $(NF-1) !~ /^\(/ {print $(NF-1)" "$NF}' | sort -u >"$work/real.txt"
-    objdump -T "$VF_SHIM" | awk '$4 != "*UND*" && $NF ~ /^ibv_|^_ibv_/ {print $(NF-1)" "$NF}' | sort -u >"$out"
+    objdump -T "$real" | awk 'NF >= 3 && $4 != "*UND*" && $NF ~ /ibv_/ && $(NF-1) !~ /^\(/ {print $(NF-1)" "$NF}' | sort -u >"$work/real.txt"
+    objdump -T "$VF_SHIM" | awk 'NF >= 3 && $4 != "*UND*" && $NF ~ /ibv_/ {print $(NF-1)" "$NF}' | sort -u >"$out"
     # Exactly the verbs of shim/real_verbs.h's list, each once, none hidden.
     src=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/shim/real_verbs.h
-    grep -oE '^  X\((_?ibv_[a-z0-9_]+), "(IBVERBS_[0-9.]+)"\)' "$src" | sed -E 's/^  X\((.*), "(.*)"\)/\2 \1/' | sort -u >"$work/listed.txt"
+    grep -oE '^  X\(([a-z_]*ibv_[a-z0-9_]+), "(IBVERBS_[0-9.]+)"\)' "$src" | sed -E 's/^  X\((.*), "(.*)"\)/\2 \1/' | sort -u >"$work/listed.txt"
     [ "$(wc -l <"$work/listed.txt")" -ge 58 ] || fail "could not read the verb list from $src"
     diff -u "$work/listed.txt" "$out" >"$work/diff.txt" || fail "exports differ from the hooked-verb list: $(cat "$work/diff.txt")"
     ! grep -q '(' "$out" || fail "a hook is exported as a hidden version"
@@ -188,6 +194,14 @@ case "$case_name" in
         fail "$name@$version is exported by the shim but libibverbs has no such versioned symbol"
       fi
     done <"$out"
+    # And the other way: every public symbol of libibverbs (not its providers' IBVERBS_PRIVATE_*)
+    # is the shim's too, or a lookup through the handle the shim gives for libibverbs (NCCL's
+    # path: the shim has no DT_NEEDED to fall through to) would miss it.
+    while read -r version name; do
+      case "$version" in IBVERBS_1.*) ;; *) continue ;; esac
+      grep -qx "$version $name" "$out" ||
+        fail "libibverbs exports $name@$version, the shim does not (add it to shim/real_verbs.h)"
+    done <"$work/real.txt"
     ;;
   datapath_fake_passthrough | datapath_fake_disabled)
     # Path e on the fake fabric (two fake NICs of two "hosts" in one process): every published

@@ -133,41 +133,54 @@ TEST_CASE("During a wait for a path, receives go on to the active path", "[engin
   CHECK(g_recv_posts.back().qp == &rig.app_qp);
 }
 
-TEST_CASE("A port that blinks with no error seen: the QP goes on where it is", "[engine]") {
-  Rig rig;
+// The standby is not usable (its port went down), then the primary's port goes down too: the QP
+// waits, the request posted meanwhile (0x51) held.
+static void lose_both_ports_with_a_request_held(Rig& rig) {
   rig.e->grace_ns = kGraceNs;
+  rig.e->port_stable_ns = 0;
   vf::failover::periodic_work(*rig.e);
-  // The standby is not usable (its port went down), then the primary's port blinks.
   vf::failover::on_port_change(*rig.e, 1, 1, IBV_PORT_DOWN);
   vf::failover::on_port_change(*rig.e, 0, 1, IBV_PORT_DOWN);
   REQUIRE(rig.p->path_wait.active);
   const std::size_t posts = g_posts.size();
   rig.post_send(0x51);
   CHECK(g_posts.size() == posts);  // held while the port is down
+}
+
+TEST_CASE("A port that blinks with no error seen: the QP goes on where it is", "[engine]") {
+  Rig rig;
+  lose_both_ports_with_a_request_held(rig);
+  const std::size_t posts = g_posts.size();
   vf::failover::on_port_change(*rig.e, 0, 1, IBV_PORT_ACTIVE);
+  vf::failover::periodic_work(*rig.e);  // its port is back and stable (0 ms here)
   CHECK_FALSE(rig.p->path_wait.active);
   REQUIRE(g_posts.size() == posts + 1);
   CHECK(g_posts.back().qp == &rig.app_qp);
+  CHECK(rig.v->mode() == vf::PostMode::kDirect);  // the healthy path's direct posts again
   CHECK_FALSE(rig.p->ended);
   CHECK_FALSE(rig.v->application_failed.load());
   CHECK(stashed(rig).empty());
 }
 
-TEST_CASE("A grace that runs out with no error seen leaves the QP working on its path",
+TEST_CASE("A grace that runs out with the port still down shows the failure, for good",
           "[engine]") {
   Rig rig;
-  rig.e->grace_ns = kGraceNs;
-  vf::failover::periodic_work(*rig.e);
-  vf::failover::on_port_change(*rig.e, 1, 1, IBV_PORT_DOWN);
-  vf::failover::on_port_change(*rig.e, 0, 1, IBV_PORT_DOWN);
-  REQUIRE(rig.p->path_wait.active);
-  rig.post_send(0x52);
+  lose_both_ports_with_a_request_held(rig);
+  const std::size_t posts = g_posts.size();
   rig.p->path_wait.until_ns = 1;
   vf::failover::periodic_work(*rig.e);
   CHECK_FALSE(rig.p->path_wait.active);
-  CHECK_FALSE(rig.p->ended);
-  CHECK(g_posts.back().qp == &rig.app_qp);
-  CHECK(stashed(rig).empty());
+  CHECK(rig.p->ended);
+  CHECK(rig.v->application_failed.load());
+  CHECK(g_posts.size() == posts);  // not sent into the dead port
+  const std::vector<ibv_wc> shown = stashed(rig);
+  REQUIRE(shown.size() == 1);
+  CHECK(shown[0].wr_id == 0x51);
+  CHECK(shown[0].status == IBV_WC_WR_FLUSH_ERR);
+  // Its QP is in ERR: nothing succeeds after the flush, even if the port comes back.
+  REQUIRE_FALSE(g_modifies.empty());
+  CHECK(g_modifies.back().qp == &rig.app_qp);
+  CHECK(g_modifies.back().state == IBV_QPS_ERR);
 }
 
 TEST_CASE("An application that resets its QP during a wait gets nothing of what it held",
