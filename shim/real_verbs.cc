@@ -2,11 +2,21 @@
 
 #include <dlfcn.h>
 
+#include <atomic>
+#include <mutex>
+
 #include "core/log.h"
 #include "shim/dl_hooks.h"
 
 namespace vf::shim {
 namespace {
+
+void resolve_from(RealVerbs& table) {
+#define VF_RESOLVE_REAL(name, version) \
+  table.name = reinterpret_cast<decltype(table.name)>(dlvsym(table.handle, #name, version));
+  VF_FOR_EACH_HOOKED_VERB(VF_RESOLVE_REAL)
+#undef VF_RESOLVE_REAL
+}
 
 RealVerbs resolve() {
   RealVerbs table;
@@ -25,10 +35,7 @@ RealVerbs resolve() {
                 why != nullptr ? why : "no reason given");
     return table;
   }
-#define VF_RESOLVE_REAL(name, version) \
-  table.name = reinterpret_cast<decltype(table.name)>(dlvsym(table.handle, #name, version));
-  VF_FOR_EACH_HOOKED_VERB(VF_RESOLVE_REAL)
-#undef VF_RESOLVE_REAL
+  resolve_from(table);
   return table;
 }
 
@@ -36,7 +43,23 @@ RealVerbs resolve() {
 
 const RealVerbs& real_verbs() {
   static const RealVerbs table = resolve();
-  return table;
+  if (table.handle != nullptr) return table;
+  // None when the shim started, but the program may have loaded one since by a path outside the
+  // loader's search: found by its soname. libibverbs' and librdmacm's own calls of exported verbs
+  // reach the shim's (ibv_get_sysfs_path, ibv_dontfork_range...), and must reach that copy. Kept
+  // once found, never freed (hooks hold its functions); the shim itself stays inactive.
+  static std::atomic<const RealVerbs*> late{nullptr};
+  if (const RealVerbs* found = late.load(std::memory_order_acquire)) return *found;
+  static std::mutex late_mutex;
+  std::lock_guard lock(late_mutex);
+  if (const RealVerbs* found = late.load(std::memory_order_relaxed)) return *found;
+  void* handle = real_dlopen()("libibverbs.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (handle == nullptr) return table;
+  auto* found = new RealVerbs;
+  found->handle = handle;
+  resolve_from(*found);
+  late.store(found, std::memory_order_release);
+  return *found;
 }
 
 }  // namespace vf::shim

@@ -24,7 +24,10 @@ constexpr std::uint64_t kSwitchAnswerTimeoutNs = 10'000'000'000;
 // answer comes or kSwitchAnswerTimeoutNs passes: a request or answer lost with a session that
 // broke (the peer answers a repeated request it already answered with the same answer).
 constexpr std::uint64_t kSwitchResendNs = 1'000'000'000;
-static_assert(kSwitchResendNs * 4 < kSwitchAnswerTimeoutNs);
+// No repeat this close to the deadline: its answer (the peer drains first, up to
+// kReceiveFlushWaitNs) could come after this side gave up, and the peer would have switched alone.
+constexpr std::uint64_t kSwitchResendUntilNs = kSwitchAnswerTimeoutNs - 3'000'000'000;
+static_assert(kSwitchResendNs * 4 < kSwitchResendUntilNs);
 // How long a failback a peer asked for waits for the other QPs of its SRQ to be re-connected
 // (srq_group.cc) before the peer is told the pair is over: well inside the peer's own wait for
 // the answer, which began earlier (its drain, the message's way here).

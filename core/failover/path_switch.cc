@@ -427,16 +427,19 @@ void ask_peer_to_switch(Engine& e, Protection& p, FailoverReason reason) {
 void resend_switch_request(Engine& e, Protection& p, std::uint64_t now) {
   SwitchState& sw = p.sw;
   if (!sw.in_progress || !sw.initiator || sw.peer_known || sw.request_sent_ns == 0 ||
-      now < sw.request_sent_ns + kSwitchResendNs) {
+      now < sw.request_sent_ns + kSwitchResendNs ||
+      now >= sw.started_monotonic_ns + kSwitchResendUntilNs) {
     return;
   }
   sw.request_sent_ns = now;
   ++sw.resends;
   VF_LOG_INFO("qp {}: no answer to its switch request (epoch {}) yet; sent again ({})", p.qp->vqpn,
               sw.epoch, sw.resends);
-  // A peer that cannot be reached now may be by the deadline (periodic_work aborts then).
-  if (!send_to_peer(e, p, switch_request(p, sw.reason))) {
-    VF_LOG_DEBUG("qp {}: the repeated switch request could not be sent", p.qp->vqpn);
+  // On a session that is open (never connecting: the engine's lock is held, and a peer that is
+  // gone would cost every QP a connect timeout each second); the deadline aborts the switch.
+  if (!send_on_open_session(e, p, switch_request(p, sw.reason))) {
+    VF_LOG_DEBUG("qp {}: no open session to the peer; the switch request is not repeated",
+                 p.qp->vqpn);
   }
 }
 
@@ -478,16 +481,20 @@ void handle_failover(Engine& e, const QpKey& ours, std::uint64_t delivered, std:
     if (sw.local_ready) finish_switch(e, *p);
     return;
   }
-  if (is_request && sw.epoch == epoch && !sw.initiator) {
-    // The request of a switch this side answers or answered, again (its sender heard no answer:
-    // it was lost with a session): while under way it changes nothing; done, the same answer
-    // goes again (the peer takes only the first).
-    if (!sw.in_progress && p->epoch == epoch && p->qp->active_path() == target) {
+  if (is_request && sw.epoch == epoch && (!sw.in_progress || !sw.initiator)) {
+    // The request of a switch this side answered, or crossed with its own and finished, again (its
+    // sender heard nothing: lost with a session): done, the same answer goes again, which the
+    // sender takes as the answer (or, crossed, as the crossing) and a second time as stale; while
+    // this side still answers it, it changes nothing.
+    if (!sw.in_progress && p->epoch == epoch && p->qp->active_path() == target && !p->ended &&
+        !p->qp->application_failed.load()) {
       VF_LOG_INFO("qp {}: the peer repeats its switch request (epoch {}); answered again",
                   p->qp->vqpn, epoch);
-      send_to_peer(e, *p, switch_reply(*p));
+      send_on_open_session(e, *p, switch_reply(*p));
+      return;
     }
-    return;
+    if (!sw.in_progress && p->qp->application_failed.load()) return answer_pair_ended(e, *p);
+    if (sw.in_progress) return;
   }
   if (!is_request || sw.in_progress || epoch <= p->epoch) {
     VF_LOG_DEBUG("qp {}: stale failover message (epoch {}, ours {})", p->qp->vqpn, epoch, p->epoch);

@@ -29,23 +29,29 @@ void resume_on_active_path(Protection& p, const char* why) {
   v.lock().lock();
   v.set_holding(false);
   v.post_pending();
-  // On its primary, posts go straight to the provider again (as after a failback).
-  if (active == kPrimary) v.set_mode(PostMode::kDirect);
+  // On its primary, posts go straight to the provider again (as after a failback), once the ring
+  // has nothing left to post (a request the provider refused is retried by the engine, routed).
+  if (active == kPrimary && v.next_send_to_post() == v.send_ring().next_sequence() &&
+      !v.post_retry_due.load(std::memory_order_relaxed) && !v.translation_missing.load()) {
+    v.set_mode(PostMode::kDirect);
+  }
   v.lock().unlock();
   set_unprotected(p, fmt::format("its {} path is not usable; running on the {} path alone",
                                  path_name(other_path(active)), path_name(active)));
 }
 
-// Whether the QP can go on on its active path: no error seen on it, its port ACTIVE and stable.
-bool active_path_usable(Engine& e, Protection& p) {
+// Whether the QP can go on on its active path: the wait began with that path's port down, the
+// port is ACTIVE again (and, before the grace is over, stable), and no error was seen on it.
+bool active_path_usable(Engine& e, Protection& p, bool require_stable) {
   VirtualQp& v = *p.qp;
+  if (!p.path_wait.active_port_down || p.ended || v.application_failed.load()) return false;
+  if (v.active_path() == kStandby && v.standby_lost()) return false;
   v.lock().lock();
   const bool errors = v.has_held_errors();
   v.lock().unlock();
   const PhysicalPath& physical = v.path[v.active_path()];
-  return !errors && !p.ended && !v.application_failed.load() &&
-         port_active(e, physical.device_index, physical.port) &&
-         port_stable(e, physical.device_index, physical.port, monotonic_ns());
+  return !errors && port_active(e, physical.device_index, physical.port) &&
+         (!require_stable || port_stable(e, physical.device_index, physical.port, monotonic_ns()));
 }
 
 }  // namespace
@@ -73,7 +79,9 @@ bool wait_for_path(Engine& e, Protection& p, int target, FailoverReason reason) 
   v.post_pending(false);
   v.lock().unlock();
   const std::uint64_t now = monotonic_ns();
-  p.path_wait = PathWait{true, target, reason, now, now + e.grace_ns};
+  const PhysicalPath& active = v.path[v.active_path()];
+  p.path_wait = PathWait{true, target, reason, now, now + e.grace_ns,
+                         !port_active(e, active.device_index, active.port)};
   VF_LOG_WARN("qp {}: its {} path failed and its {} path is not usable yet; its work waits up to "
               "{} ms (VERBS_FAILOVER_GRACE_MS) for a path to come back",
               v.vqpn, path_name(v.active_path()), path_name(target), e.grace_ns / 1'000'000);
@@ -99,7 +107,7 @@ void continue_path_wait(Engine& e, Protection& p) {
   if (p.ended || v.application_failed.load()) {
     return end_path_wait(e, p, "the pair ended while its QP waited for a path");
   }
-  if (active_path_usable(e, p)) {
+  if (active_path_usable(e, p, true)) {
     return resume_on_active_path(p, "the port of its active path is back before its other path");
   }
   if (monotonic_ns() >= wait.until_ns) {
@@ -114,7 +122,11 @@ void continue_path_wait(Engine& e, Protection& p) {
 void end_path_wait(Engine& e, Protection& p, const std::string& why) {
   if (!p.path_wait.active) return;
   VirtualQp& v = *p.qp;
-  if (active_path_usable(e, p)) return resume_on_active_path(p, "its other path did not come back");
+  // The grace is over: a port back but not yet stable (VERBS_FAILOVER_PORT_STABLE_MS may be
+  // longer than the grace) is taken rather than fail a QP that saw no error.
+  if (active_path_usable(e, p, false)) {
+    return resume_on_active_path(p, "its other path did not come back");
+  }
   p.path_wait = PathWait{};
   VF_LOG_ERROR("qp {}: {}", v.vqpn, why);
   // Its active path stays dead for the application from here, as a QP in ERR: later requests

@@ -81,6 +81,10 @@ struct PathWait {
   FailoverReason reason = FailoverReason::kPortDown;
   std::uint64_t since_ns = 0;
   std::uint64_t until_ns = 0;
+  // The active path's port was down when the wait began: its return may let the QP go on there
+  // (a blink RC's retries covered). A path that failed otherwise (errors, a fatal QP, a lost
+  // shadow CQ) is never gone back to by the wait.
+  bool active_port_down = false;
 };
 
 struct QpAttrs {  // what the application gave its QP, to re-connect the primary later

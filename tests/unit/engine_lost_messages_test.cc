@@ -60,3 +60,25 @@ TEST_CASE("A repeated switch request already answered gets the same answer, noth
   CHECK(g_modifies.size() == modifies);
   CHECK(g_recv_posts.size() == receives);
 }
+
+TEST_CASE("Crossed switches: a repeat of the peer's request after ours finished is answered",
+          "[engine]") {
+  Rig rig;
+  vf::failover::start_switch(*rig.e, *rig.p, vf::kStandby, vf::FailoverReason::kPortDown);
+  REQUIRE(rig.p->sw.in_progress);
+  const std::uint32_t epoch = rig.p->sw.epoch;
+  // Our request is lost; the peer's (same epoch) crosses it and finishes our switch.
+  rig.e->local_inbox.clear();
+  vf::FailoverRequest crossing = rig.request_from_peer(epoch);
+  crossing.delivered_messages = 0;
+  rig.deliver(crossing);
+  REQUIRE_FALSE(rig.p->sw.in_progress);
+  REQUIRE(rig.v->active_path() == vf::kStandby);
+  // The peer heard nothing and repeats its request: it must get our count, as an answer.
+  rig.deliver(crossing);
+  const std::vector<vf::FailoverReply> answer = rig.sent<vf::FailoverReply>();
+  REQUIRE(answer.size() == 1);
+  CHECK(answer[0].epoch == epoch);
+  CHECK(answer[0].delivered_messages == rig.p->sw.local_count);
+  CHECK(rig.p->failovers == 1);
+}
