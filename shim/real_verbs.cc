@@ -25,7 +25,9 @@ RealVerbs resolve() {
   // into the global scope, where a library dlopened later may look for its symbols (when the shim
   // is itself dlopened, NCCL_IBVERBS_LIB, that is wider than a dependency's local scope).
   table.handle = real_dlopen()("libibverbs.so.1", RTLD_NOW | RTLD_NOLOAD);
-  if (table.handle == nullptr) table.handle = real_dlopen()("libibverbs.so.1", RTLD_NOW | RTLD_GLOBAL);
+  if (table.handle == nullptr) {
+    table.handle = real_dlopen()("libibverbs.so.1", RTLD_NOW | RTLD_GLOBAL);
+  }
   if (table.handle == nullptr) {
     // No rdma-core here (a job-wide LD_PRELOAD reaches every process): nothing can call a verb
     // without libibverbs, so the program runs as without the shim (issue 19 item 13).

@@ -217,11 +217,11 @@ void finish_switch(Engine& e, Protection& p) {
     if (v.recv_cq != v.send_cq) retire_shadow_if_unused(e, *v.recv_cq);
   }
   if (first_lost != UINT64_MAX) return fail_for_lost_atomic(e, p, lost_atomic_wr_id);
-  if (v.path[sw.to].failed && !p.ended && first_lost == UINT64_MAX) {
+  if (v.path[sw.to].failed && !p.ended) {
     // Back to the path that works, once it is re-armed (path_wait.h), not errors on the dead one
     // (without a grace, or on an SRQ, the switch back reports the QP unprotected at least).
-    VF_LOG_WARN("qp {}: its {} path failed during the switch to it; its traffic goes back to the {} "
-                "path",
+    VF_LOG_WARN("qp {}: its {} path failed during the switch to it; its traffic goes back to "
+                "the {} path",
                 v.vqpn, path_name(sw.to), path_name(old_path));
     start_switch(e, p, old_path, FailoverReason::kPortDown);
   }

@@ -12,8 +12,8 @@
 #include "core/failover/pair_end.h"
 #include "core/failover/pairing.h"
 #include "core/failover/path_recovery.h"
-#include "core/failover/path_wait.h"
 #include "core/failover/path_switch.h"
+#include "core/failover/path_wait.h"
 #include "core/failover/protection_status.h"
 #include "core/failover/srq_group.h"
 #include "core/log.h"
@@ -186,8 +186,8 @@ bool has_pending_work(Engine& e) {
   for (auto& [key, p] : e.protections) {
     if (p.destroyed) continue;
     if (p.pairing || p.start_pairing_pending || p.pending_event != UINT32_MAX ||
-        p.rearm[0].needed || p.rearm[1].needed || p.sw.in_progress || p.failback_deferred || p.path_wait.active ||
-        p.qp->translation_missing.load() || p.qp->post_retry_due.load()) {
+        p.rearm[0].needed || p.rearm[1].needed || p.sw.in_progress || p.failback_deferred ||
+        p.path_wait.active || p.qp->translation_missing.load() || p.qp->post_retry_due.load()) {
       return true;
     }
   }
