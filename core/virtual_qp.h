@@ -174,9 +174,12 @@ struct PhysicalPath {
   Gid gid{};
   std::uint32_t psn = 0;  // this QP's send PSN
   // Towards the peer's QP on the same path: in RTS, or (the standby only) in RTR until the
-  // application's own RTS (Protection::standby_rts_pending).
-  bool connected = false;
-  bool failed = false;     // its port went down or it returned a link-class error
+  // application's own RTS (Protection::standby_rts_pending). Both flags are written by the engine
+  // without the QP's lock and read by the data path's error handling (on_error_completion):
+  // atomics, so that read is a defined, merely possibly stale, value (the engine releases what
+  // a stale "alternative" made the data path hold).
+  std::atomic<bool> connected{false};
+  std::atomic<bool> failed{false};  // its port went down or it returned a link-class error
 };
 
 class VirtualQp {
@@ -206,6 +209,12 @@ class VirtualQp {
   }
   void drop_held_errors() { held_errors_.clear(); }
   bool has_held_errors() const { return !held_errors_.empty(); }
+  // Whether a held error is more than a flush: the error that killed a path (its QP's first).
+  bool holds_a_failure() const {
+    for (const HeldError& held : held_errors_)
+      if (held.wc.status != IBV_WC_WR_FLUSH_ERR) return true;
+    return false;
+  }
   // Under lock(): held errors going to the application after all (no switch could happen):
   // those of SRQ receives retire their records, so that no later move posts their buffers again.
   void retire_released_srq_receives(const std::vector<HeldError>& released);

@@ -413,7 +413,9 @@ void VirtualQp::translate_standby_error(ibv_wc& wc) {
 }
 
 bool VirtualQp::on_error_completion(CqState& cq, int p, ibv_wc& wc) {
-  const bool alternative = (path[other_path(p)].connected && !path[other_path(p)].failed) ||
+  const PhysicalPath& other = path[other_path(p)];
+  const bool alternative = (other.connected.load(std::memory_order_relaxed) &&
+                            !other.failed.load(std::memory_order_relaxed)) ||
                            errors_wait_for_path.load(std::memory_order_relaxed);
   if (is_link_failure(wc.status) && alternative &&
       !application_failed.load(std::memory_order_relaxed)) {

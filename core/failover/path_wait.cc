@@ -1,5 +1,6 @@
 #include "core/failover/path_wait.h"
 
+#include <optional>
 #include <vector>
 
 #include "core/clock.h"
@@ -38,6 +39,28 @@ void resume_on_active_path(Protection& p, const char* why) {
   v.lock().unlock();
   set_unprotected(p, fmt::format("its {} path is not usable; running on the {} path alone",
                                  path_name(other_path(active)), path_name(active)));
+}
+
+// The QP's oldest request, when no request before it is outstanding and the wait held it (it
+// reached no QP): retired, and its completion as the dead path would have given it (a requester
+// whose peer never answers: RETRY_EXC_ERR, reported signaled or not, as every failed request is).
+std::optional<ibv_wc> fail_oldest_held_request_locked(VirtualQp& v) {
+  RetransmitRing& ring = v.send_ring();
+  const std::uint64_t oldest = v.next_send_to_post();
+  bool held_first = false;
+  ring.for_each_from(0, [&](const SendRecord& record) {
+    held_first = record.sequence == oldest;
+    return false;  // the oldest outstanding only
+  });
+  SendRecord record;
+  if (!held_first || !ring.retire_sequence(oldest, record)) return std::nullopt;
+  v.restart_sends(oldest + 1);
+  ibv_wc wc{};
+  wc.wr_id = record.wr.wr_id;
+  wc.status = IBV_WC_RETRY_EXC_ERR;
+  wc.opcode = record.completion_opcode();
+  wc.qp_num = v.vqpn;
+  return wc;
 }
 
 // Whether the QP can go on on its active path: the wait began with that path's port down, the
@@ -137,14 +160,24 @@ void end_path_wait(Engine& e, Protection& p, const std::string& why) {
   }
   // The held errors first: they are of requests and receives posted before those held since.
   // After it (application_failed, under the QP's lock) every error of either path is shown.
+  v.lock().lock();
+  const bool failure_seen = v.holds_a_failure();
+  v.lock().unlock();
   release_held_errors(p);
   v.errors_wait_for_path.store(false);
   std::vector<ibv_wc> flushed;
   v.lock().lock();
+  if (!failure_seen) {
+    // No error of the QP was seen (its port went down before any request met it): an RC QP
+    // does not go to ERR with flushes alone, so its oldest request, if the wait held it, fails as
+    // it would have on the dead path; the rest flush.
+    if (std::optional<ibv_wc> error = fail_oldest_held_request_locked(v)) flushed.push_back(*error);
+  }
   if (v.mode() == PostMode::kBypass) {
     // On its own QP (release_held_errors made it pass-through): what the wait held reached no QP,
     // and completes as on a QP in ERR, signaled or not, in order.
-    flushed = unposted_request_flushes_locked(v);
+    const std::vector<ibv_wc> unposted = unposted_request_flushes_locked(v);
+    flushed.insert(flushed.end(), unposted.begin(), unposted.end());
     v.restart_sends(v.send_ring().next_sequence());
   }
   v.set_holding(false);

@@ -75,19 +75,11 @@ struct end { /* one side: its device, buffer, CQ and QP */
 
 static void open_end(struct end* s, const char* name, const char* device) {
   s->name = name;
-  int n = 0;
-  struct ibv_device** list = ibv_get_device_list(&n);
-  for (int i = 0; list && i < n; ++i)
-    if (strcmp(ibv_get_device_name(list[i]), device) == 0) s->ctx = ibv_open_device(list[i]);
-  if (list) ibv_free_device_list(list);
-  if (!s->ctx) setup_fail("opening %s", device);
+  s->ctx = open_device_named(device);
   s->pd = ibv_alloc_pd(s->ctx);
-  if (!s->pd || posix_memalign((void**)&s->buf, 4096, BUF_SIZE) != 0) setup_fail("PD or memory");
-  memset(s->buf, 0, BUF_SIZE);
-  s->mr = ibv_reg_mr(s->pd, s->buf, BUF_SIZE, ACCESS);
+  s->mr = register_zeroed_buffer(s->pd, BUF_SIZE, ACCESS, &s->buf);
   s->cq = ibv_create_cq(s->ctx, 64, NULL, NULL, 0);
-  if (!s->mr || !s->cq || ibv_query_gid(s->ctx, 1, 1, &s->gid) != 0)
-    setup_fail("MR, CQ or GID on %s", device);
+  if (!s->cq || ibv_query_gid(s->ctx, 1, 1, &s->gid) != 0) setup_fail("CQ or GID on %s", device);
   struct ibv_qp_init_attr attr = {
       .send_cq = s->cq, .recv_cq = s->cq, .qp_type = IBV_QPT_RC,
       .cap = {.max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1, .max_recv_sge = 1}};

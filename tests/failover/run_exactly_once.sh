@@ -11,7 +11,9 @@
 #                                                          no_cut scenario: the traffic and the
 #                                                          checker are sane on the fake itself)
 #   run_exactly_once.sh selftest                        -> the checker catches duplicates/losses
-# Environment (set by ctest): VF_PROGRAM, VF_SHIM, VF_FAKE_LIB_DIR, VF_WORK.
+# Environment (set by ctest): VF_PROGRAM, VF_SHIM, VF_FAKE_LIB_DIR, VF_WORK; optional:
+# VF_RUN_TIMEOUT (seconds, default 60), VF_MIN_FAILOVERS and VF_MIN_FAILBACKS (what the stats
+# must show per QP, default 1 and 0).
 set -euo pipefail
 mode=$1; shift
 : "${VF_PROGRAM:?}" "${VF_FAKE_LIB_DIR:?}" "${VF_WORK:?}"
@@ -23,7 +25,7 @@ out="$work/out.txt"; log="$work/shim.log"
 fail() { echo "FAIL [$name]: $*"; echo "--- program output"; cat "$out" 2>/dev/null || true
          if [ -s "$log" ]; then echo "--- shim log (tail)"; tail -n 80 "$log"; fi; exit 1; }
 # A hang is a failure, never a stuck CI (the program's own waits are bounded too).
-run() { timeout --kill-after=5 60 "$@"; }
+run() { timeout --kill-after=5 "${VF_RUN_TIMEOUT:-60}" "$@"; }
 
 case "$mode" in
   selftest)
@@ -62,8 +64,10 @@ case "$mode" in
     silent=0
     [[ " $* " == *" --silent-cut "* ]] && silent=1
     python3 - "$stats" "$silent" $qpns <<'PY' || fail "stats check failed ($stats)"
-import json, sys
+import json, os, sys
 doc = json.load(open(sys.argv[1]))
+min_failovers = int(os.environ.get("VF_MIN_FAILOVERS", "1"))
+min_failbacks = int(os.environ.get("VF_MIN_FAILBACKS", "0"))
 silent = sys.argv[2] == "1"
 sides = []  # NAME=qpn arguments: A, B (and A2, B2 with --srq)
 want = {}
@@ -81,16 +85,20 @@ for side in sides:
     if qp is None:
         print(f"stats: QP {side} is missing from the stats file"); ok = False; continue
     print(f"stats: QP {side} qpn={qp['qpn']} protected={qp['protected']} path={qp['path']} "
-          f"failovers={qp['failovers']} replayed_wrs={qp['replayed_wrs']} "
+          f"failovers={qp['failovers']} failbacks={qp['failbacks']} replayed_wrs={qp['replayed_wrs']} "
           f"synthesized={qp['synthesized_completions']} "
           f"hidden_errors={qp['hidden_error_completions']}")
     # Both ends of every pair are QPs of this one process (A's peer is B, never A itself).
     if qp.get("peer") != "this_process":
         print(f"stats: QP {side} has peer {qp.get('peer')!r}, not 'this_process'")
         ok = False
-    if qp["failovers"] < 1:
+    if qp["failovers"] < min_failovers:
         why = qp.get("unprotected_reason") or ""
-        print(f"stats: QP {side} has no failover" + (f" (unprotected: {why})" if why else ""))
+        print(f"stats: QP {side} has {qp['failovers']} failover(s), fewer than {min_failovers}"
+              + (f" (unprotected: {why})" if why else ""))
+        ok = False
+    if qp["failbacks"] < min_failbacks:
+        print(f"stats: QP {side} has {qp['failbacks']} failback(s), fewer than {min_failbacks}")
         ok = False
     if silent and (qp["failbacks"] != 0 or qp["path"] != "standby"):
         print(f"stats: QP {side} failed back {qp['failbacks']} time(s) onto the silently dead "

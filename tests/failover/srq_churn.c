@@ -53,19 +53,11 @@ static struct host g_server, g_client;
 static struct ibv_srq* g_srq;
 
 static void open_host(struct host* h, const char* device) {
-  int n = 0;
-  struct ibv_device** list = ibv_get_device_list(&n);
-  for (int i = 0; list && i < n; ++i)
-    if (strcmp(ibv_get_device_name(list[i]), device) == 0) h->ctx = ibv_open_device(list[i]);
-  if (list) ibv_free_device_list(list);
-  if (!h->ctx) setup_fail("opening %s", device);
+  h->ctx = open_device_named(device);
   h->pd = ibv_alloc_pd(h->ctx);
-  if (!h->pd || posix_memalign((void**)&h->buf, 4096, BUF_SIZE) != 0) setup_fail("PD or memory");
-  memset(h->buf, 0, BUF_SIZE);
-  h->mr = ibv_reg_mr(h->pd, h->buf, BUF_SIZE, ACCESS);
+  h->mr = register_zeroed_buffer(h->pd, BUF_SIZE, ACCESS, &h->buf);
   h->cq = ibv_create_cq(h->ctx, 64, NULL, NULL, 0);
-  if (!h->mr || !h->cq || ibv_query_gid(h->ctx, 1, 1, &h->gid) != 0)
-    setup_fail("MR, CQ or GID on %s", device);
+  if (!h->cq || ibv_query_gid(h->ctx, 1, 1, &h->gid) != 0) setup_fail("CQ or GID on %s", device);
 }
 
 static struct ibv_qp* create_qp(struct host* h, struct ibv_srq* srq) {

@@ -66,13 +66,7 @@ struct qp {
 };
 
 static struct ibv_context* open_fake(const char* want) {
-  int n = 0;
-  struct ibv_device** list = ibv_get_device_list(&n);
-  struct ibv_context* ctx = NULL;
-  for (int i = 0; list && i < n; ++i)
-    if (strcmp(ibv_get_device_name(list[i]), want) == 0) ctx = ibv_open_device(list[i]);
-  if (list) ibv_free_device_list(list);
-  if (!ctx) setup_fail("opening %s", want);
+  struct ibv_context* ctx = open_device_named(want);
   /* non-blocking async events: a pending one is a failure, none is the normal case */
   const int flags = fcntl(ctx->async_fd, F_GETFL);
   if (fcntl(ctx->async_fd, F_SETFL, flags | O_NONBLOCK) != 0) setup_fail("async fd");

@@ -166,6 +166,7 @@ TEST_CASE("A grace that runs out with the port still down shows the failure, for
           "[engine]") {
   Rig rig;
   lose_both_ports_with_a_request_held(rig);
+  rig.post_send(0x52);
   const std::size_t posts = g_posts.size();
   rig.p->path_wait.until_ns = 1;
   vf::failover::periodic_work(*rig.e);
@@ -173,10 +174,14 @@ TEST_CASE("A grace that runs out with the port still down shows the failure, for
   CHECK(rig.p->ended);
   CHECK(rig.v->application_failed.load());
   CHECK(g_posts.size() == posts);  // not sent into the dead port
+  // No error of the QP was seen: its oldest request fails as it would have on the dead path, the
+  // rest flush (an RC QP does not go to ERR with flushes alone).
   const std::vector<ibv_wc> shown = stashed(rig);
-  REQUIRE(shown.size() == 1);
+  REQUIRE(shown.size() == 2);
   CHECK(shown[0].wr_id == 0x51);
-  CHECK(shown[0].status == IBV_WC_WR_FLUSH_ERR);
+  CHECK(shown[0].status == IBV_WC_RETRY_EXC_ERR);
+  CHECK(shown[1].wr_id == 0x52);
+  CHECK(shown[1].status == IBV_WC_WR_FLUSH_ERR);
   // Its QP is in ERR: nothing succeeds after the flush, even if the port comes back.
   REQUIRE_FALSE(g_modifies.empty());
   CHECK(g_modifies.back().qp == &rig.app_qp);
@@ -197,4 +202,36 @@ TEST_CASE("An application that resets its QP during a wait gets nothing of what 
   vf::failover::periodic_work(*rig.e);
   CHECK_FALSE(rig.p->path_wait.active);
   CHECK(stashed(rig).empty());
+}
+
+TEST_CASE("A grace that runs out on the standby with only held requests fails the oldest as the "
+          "dead path would",
+          "[engine]") {
+  Rig rig;
+  rig.e->grace_ns = kGraceNs;
+  rig.e->port_stable_ns = 0;
+  rig.fail_over_and_rearm();
+  REQUIRE(rig.v->send_ring().outstanding() == 0);
+  // The primary's port goes down (nothing to switch: the standby carries the traffic), then the
+  // standby's: the QP waits, what it posts is held.
+  g_port_state = IBV_PORT_DOWN;
+  vf::failover::on_port_change(*rig.e, 0, 1, IBV_PORT_DOWN);
+  vf::failover::on_port_change(*rig.e, 1, 1, IBV_PORT_DOWN);
+  REQUIRE(rig.p->path_wait.active);
+  const std::size_t posts = g_posts.size();
+  rig.post_send(0x62);
+  rig.post_send(0x63);
+  CHECK(g_posts.size() == posts);
+  rig.p->path_wait.until_ns = 1;
+  vf::failover::periodic_work(*rig.e);
+  CHECK(rig.p->ended);
+  CHECK(rig.v->application_failed.load());
+  // 0x62 fails as on the dead standby; 0x63 goes to the standby's QP in ERR, whose flush the
+  // application gets (translated) when it comes.
+  const std::vector<ibv_wc> shown = stashed(rig);
+  REQUIRE(shown.size() == 1);
+  CHECK(shown[0].wr_id == 0x62);
+  CHECK(shown[0].status == IBV_WC_RETRY_EXC_ERR);
+  REQUIRE(g_posts.size() == posts + 1);
+  CHECK(g_posts.back().qp == &rig.standby_qp);
 }

@@ -185,8 +185,20 @@ struct Rig {
     cap.max_inline_data = 64;
     auto qp = std::make_unique<vf::VirtualQp>(app, &g_ops, cap, false, cq, cq);
     vf::VirtualQp* added = qp.get();
-    added->path[vf::kPrimary] = {app, 0, 1, 0, gid(1), primary_psn, true, false};
-    added->path[vf::kStandby] = {standby, 1, 1, 0, gid(2), standby_psn, true, false};
+    // PhysicalPath holds atomics (no assignment): field by field, both paths connected.
+    const auto connect = [](vf::PhysicalPath& path, ibv_qp* qp, int device, vf::Gid g,
+                            std::uint32_t psn) {
+      path.qp = qp;
+      path.device_index = device;
+      path.port = 1;
+      path.gid_index = 0;
+      path.gid = g;
+      path.psn = psn;
+      path.connected = true;
+      path.failed = false;
+    };
+    connect(added->path[vf::kPrimary], app, 0, gid(1), primary_psn);
+    connect(added->path[vf::kStandby], standby, 1, gid(2), standby_psn);
     Protection& protection = e->protections[added];
     protection.qp = std::move(qp);
     protection.local = {app->qp_num, gid(1)};
