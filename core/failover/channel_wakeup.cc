@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -31,6 +32,43 @@ bool take_shadow_event(const std::vector<CqState*>& cqs, ibv_cq** cq, void** cq_
   return false;
 }
 
+// A signal ended a wait of ibv_get_cq_event in poll(), which no handler restarts. Without the shim
+// the wait is a read() of the event file: restarted when the handler has SA_RESTART, else -1 with
+// EINTR (how Python's Ctrl-C or a program's timer gets a thread out of it). Which signal came is
+// not known here: the wait restarts only if every signal this thread can take has no handler or
+// one with SA_RESTART, else it ends with EINTR. The fault signals are left out: a crash handler
+// (a JVM's, a sanitizer's, VERBS_FAILOVER_BACKTRACE's) is not what wakes a waiting thread.
+bool is_fault_signal(int sig) {
+  return sig == SIGSEGV || sig == SIGBUS || sig == SIGILL || sig == SIGFPE || sig == SIGTRAP ||
+         sig == SIGSYS || sig == SIGABRT;
+}
+
+bool signal_restarts_wait() {
+  sigset_t blocked;
+  sigemptyset(&blocked);
+  pthread_sigmask(SIG_BLOCK, nullptr, &blocked);
+  for (int sig = 1; sig < NSIG; ++sig) {
+    struct sigaction action {};
+    if (is_fault_signal(sig) || sigismember(&blocked, sig) == 1 ||
+        sigaction(sig, nullptr, &action) != 0) {
+      continue;
+    }
+    const bool handled = (action.sa_flags & SA_SIGINFO) ? action.sa_sigaction != nullptr
+                                                        : (action.sa_handler != SIG_DFL &&
+                                                           action.sa_handler != SIG_IGN);
+    if (handled && !(action.sa_flags & SA_RESTART)) return false;
+  }
+  return true;
+}
+
+// poll() for ibv_get_cq_event's wait: < 0 with errno EINTR only when the wait must end (above).
+int poll_for_event(pollfd* fds, nfds_t count, int timeout_ms) {
+  for (;;) {
+    const int ready = ::poll(fds, count, timeout_ms);
+    if (ready >= 0 || errno != EINTR || !signal_restarts_wait()) return ready;
+  }
+}
+
 void close_if_open(int fd) {
   if (fd >= 0) close(fd);
 }
@@ -51,11 +89,8 @@ int wait_unreplaced(ibv_comp_channel* channel, int wake_fd, const std::vector<Cq
     // Not a file's flags (EBADF): the real verb is next, and reports it.
     const int flags = fcntl(channel->fd, F_GETFL);
     const bool blocking = flags >= 0 && !(flags & O_NONBLOCK);
-    const int ready = ::poll(fds, 2, blocking ? -1 : 0);
-    if (ready < 0) {
-      if (errno == EINTR) continue;
-      return -1;  // poll's own failure (ENOMEM), errno set
-    }
+    const int ready = poll_for_event(fds, 2, blocking ? -1 : 0);
+    if (ready < 0) return -1;  // a signal without SA_RESTART (EINTR), or poll's own failure
     if (fds[1].revents & POLLIN) {
       eventfd_t token = 0;
       eventfd_read(wake_fd, &token);
@@ -249,10 +284,9 @@ int get_cq_event(Engine& e, ibv_comp_channel* channel, ibv_cq** cq, void** cq_co
       errno = EAGAIN;  // what libibverbs gives on the application's non-blocking fd
       return -1;
     }
-    // A signal restarts the wait. A blocking read() of the real file returns EINTR when the
-    // handler lacks SA_RESTART; this wait never does (a known difference, issue 19 note).
+    // A signal without SA_RESTART ends the wait with EINTR, as the read() of the real file does.
     pollfd wait{channel->fd, POLLIN, 0};
-    if (::poll(&wait, 1, -1) < 0 && errno != EINTR) return -1;
+    if (poll_for_event(&wait, 1, -1) < 0) return -1;
   }
 }
 
