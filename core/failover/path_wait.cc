@@ -152,6 +152,21 @@ void end_path_wait(Engine& e, Protection& p, const std::string& why) {
   }
   p.path_wait = PathWait{};
   VF_LOG_ERROR("qp {}: {}", v.vqpn, why);
+  // No error of the QP was seen (its port went down before any request met it) and the wait
+  // did not end by the application's hand (its own ERR, or an error it saw): an RC QP does not
+  // go to ERR with flushes alone, so its oldest request, if the wait held it, fails as it would
+  // have on the dead path, before anything else of the QP can be polled (the rest flush after
+  // it). With a held error it is that error that comes first; a QP the application moved to ERR
+  // flushes everything, as RC does.
+  v.send_cq->lock.lock();
+  v.lock().lock();
+  if (!v.application_failed.load() && !v.holds_a_failure()) {
+    if (std::optional<ibv_wc> error = fail_oldest_held_request_locked(v)) {
+      v.send_cq->stash_for_application(*error);
+    }
+  }
+  v.lock().unlock();
+  v.send_cq->lock.unlock();
   // Its active path stays dead for the application from here, as a QP in ERR: later requests
   // flush too, even if its port comes back (no success after the flushes shown below).
   const int active = v.active_path();
@@ -160,24 +175,14 @@ void end_path_wait(Engine& e, Protection& p, const std::string& why) {
   }
   // The held errors first: they are of requests and receives posted before those held since.
   // After it (application_failed, under the QP's lock) every error of either path is shown.
-  v.lock().lock();
-  const bool failure_seen = v.holds_a_failure();
-  v.lock().unlock();
   release_held_errors(p);
   v.errors_wait_for_path.store(false);
   std::vector<ibv_wc> flushed;
   v.lock().lock();
-  if (!failure_seen) {
-    // No error of the QP was seen (its port went down before any request met it): an RC QP
-    // does not go to ERR with flushes alone, so its oldest request, if the wait held it, fails as
-    // it would have on the dead path; the rest flush.
-    if (std::optional<ibv_wc> error = fail_oldest_held_request_locked(v)) flushed.push_back(*error);
-  }
   if (v.mode() == PostMode::kBypass) {
     // On its own QP (release_held_errors made it pass-through): what the wait held reached no QP,
     // and completes as on a QP in ERR, signaled or not, in order.
-    const std::vector<ibv_wc> unposted = unposted_request_flushes_locked(v);
-    flushed.insert(flushed.end(), unposted.begin(), unposted.end());
+    flushed = unposted_request_flushes_locked(v);
     v.restart_sends(v.send_ring().next_sequence());
   }
   v.set_holding(false);

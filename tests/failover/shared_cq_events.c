@@ -1,4 +1,4 @@
-/* One QP cut while another on the same CQ stays healthy, with the program asleep on the CQ's
+/* One QP cut while another on the same CQ stays healthy, with the program waiting on the CQ's
    completion channel (issue 19, "event-driven variants"), on the FAKE libibverbs
    (docs/fake_verbs.md), with or without the shim.
 
@@ -7,7 +7,8 @@
    (fake4, backed up by fake5). A waits only as an event-driven program does (rsockets, UCX and
    libfabric progress threads): epoll on the channel's fd, then ibv_get_cq_event until EAGAIN,
    ibv_ack_cq_events, ibv_req_notify_cq, ibv_poll_cq until it returns 0. It never polls
-   otherwise. B and C busy-poll their own CQs (how other hosts wait does not matter here).
+   otherwise (its epoll_wait has timeout 0: the same loop drives the fake's progress, so the
+   thread never blocks; what is checked is that the fd says when to poll). B and C busy-poll their own CQs (how other hosts wait does not matter here).
 
    Every round each of B and C sends A one message and A sends each of them one. At round CUT
    B's rail 0 fails (port_down: its port goes down; drop: it silently drops every packet, no

@@ -10,9 +10,11 @@
    The main thread cuts A's rail 0 CYCLES times: port down, every QP's traffic must go on (on
    the standby), port up, every QP's traffic must come back to fake0 (a failback) before the
    next cut. In even cycles
-   after the first the cut waits until the standby QPs are connected again (RTS on fake1 and
-   fake3: an ordinary failover); in odd cycles it comes at once, often before that re-arm (the
-   QPs then wait for a path: the standby's re-arm or, if the port is back first, the primary).
+   after the first the cut waits until NQP QPs are in RTS on each of fake1 and fake3 (mostly the
+   standbys connected again; a standby not yet reset after the failback also counts, so not
+   every even cycle is an ordinary failover); in odd cycles it comes at once, often before the
+   re-arm (the QPs then wait for a path: the standby's re-arm or the primary). The stats of the
+   first pair (the QPN line) must show every cycle; every QP's move is checked by the program.
 
    Checked: every signaled request completes exactly once, with SUCCESS, on its own QP; B gets
    every message once, in order, with its bytes; nothing more arrives at the end; every wait is
@@ -169,18 +171,20 @@ static void* poller(void* arg) {
       continue;
     }
     for (int i = 0; i < n; ++i) {
-      const int qp = (int)(wc[i].wr_id >> 32), seq = (int)(uint32_t)wc[i].wr_id;
+      /* unsigned: a wr_id the shim failed to translate must fail here, not index out of range */
+      const uint64_t qp = wc[i].wr_id >> 32, seq = (uint32_t)wc[i].wr_id;
       if (wc[i].status != IBV_WC_SUCCESS || qp >= NQP || seq >= MAX_MSGS ||
           wc[i].qp_num != g_a.qp[qp]->qp_num || wc[i].opcode != IBV_WC_SEND) {
         failure("A: wr_id %#llx on qp %u: status %s, opcode %d", (unsigned long long)wc[i].wr_id,
                 wc[i].qp_num, ibv_wc_status_str(wc[i].status), wc[i].opcode);
         continue;
       }
-      if (!signaled(seq)) failure("A: a completion of unsignaled message %d on qp %d", seq, qp);
+      if (!signaled((int)seq))
+        failure("A: a completion of unsignaled message %d on qp %d", (int)seq, (int)qp);
       if (atomic_exchange(&g_seen[qp][seq], 1) != 0)
-        failure("A: message %d on qp %d completed twice", seq, qp);
+        failure("A: message %d on qp %d completed twice", (int)seq, (int)qp);
       for (int done = atomic_load(&g_done[qp]);
-           done < seq + 1 && !atomic_compare_exchange_weak(&g_done[qp], &done, seq + 1);) {
+           done < (int)seq + 1 && !atomic_compare_exchange_weak(&g_done[qp], &done, (int)seq + 1);) {
       }
       atomic_fetch_add(&g_completions, 1);
     }
@@ -200,13 +204,14 @@ static void* receiver(void* arg) {
       continue;
     }
     for (int i = 0; i < n; ++i) {
-      const int qp = (int)(wc[i].wr_id >> 32), slot = (int)(uint32_t)wc[i].wr_id;
-      if (wc[i].status != IBV_WC_SUCCESS || qp >= NQP || wc[i].opcode != IBV_WC_RECV ||
-          wc[i].qp_num != g_b.qp[qp]->qp_num) {
+      const uint64_t qp_index = wc[i].wr_id >> 32, slot_index = (uint32_t)wc[i].wr_id;
+      if (wc[i].status != IBV_WC_SUCCESS || qp_index >= NQP || slot_index >= RQ_DEPTH ||
+          wc[i].opcode != IBV_WC_RECV || wc[i].qp_num != g_b.qp[qp_index]->qp_num) {
         failure("B: wr_id %#llx on qp %u: status %s, opcode %d", (unsigned long long)wc[i].wr_id,
                 wc[i].qp_num, ibv_wc_status_str(wc[i].status), wc[i].opcode);
         continue;
       }
+      const int qp = (int)qp_index, slot = (int)slot_index;
       const int seq = g_received[qp]++;
       if (slot != seq % RQ_DEPTH || wc[i].byte_len != MSG_LEN) {
         failure("B: message %d on qp %d came in slot %d (%u bytes), expected slot %d", seq, qp,
@@ -265,7 +270,10 @@ static int wait_traffic(long long mark, long long received, const char* what, in
 /* Messages A's QP qp has sent from its own QP (the primary: fake0), by the fake's count. */
 static uint64_t sent_on_primary(int qp) {
   struct fake_verbs_qp_stats st;
-  if (fake_qp_stats(g_a.qp[qp]->qp_num, &st) != 0) setup_fail("fake_verbs_query_qp_stats");
+  if (fake_qp_stats(g_a.qp[qp]->qp_num, &st) != 0) {
+    failure("the fake does not know A's qp %d", qp);
+    return 0;
+  }
   return st.messages_sent;
 }
 
@@ -394,9 +402,9 @@ int main(int argc, char** argv) {
                      cycles))
       break;
     if (cycles > 0 && cycles % 2 == 0 && wait_standby_rearmed(cycles)) break;
-    if (fake_port_down(0) != 0) setup_fail("port down");
+    if (fake_port_down(0) != 0) failure("fake_verbs_port_down(0) failed");
     const int failed = wait_each_qp_moved(cycles, 0);
-    if (fake_port_up(0) != 0) setup_fail("port up");
+    if (fake_port_up(0) != 0) failure("fake_verbs_port_up(0) failed");
     if (failed || wait_each_qp_moved(cycles, 1)) break;
   }
 

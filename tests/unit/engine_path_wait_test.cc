@@ -235,3 +235,23 @@ TEST_CASE("A grace that runs out on the standby with only held requests fails th
   REQUIRE(g_posts.size() == posts + 1);
   CHECK(g_posts.back().qp == &rig.standby_qp);
 }
+
+TEST_CASE("An application that moves its QP to ERR during a wait gets flushes only", "[engine]") {
+  Rig rig;
+  lose_both_ports_with_a_request_held(rig);
+  rig.post_send(0x52);
+  ibv_qp_attr attr{};
+  attr.qp_state = IBV_QPS_ERR;
+  REQUIRE(vf::failover::modify_app_qp(*rig.e, rig.v, &rig.app_qp, &attr, IBV_QP_STATE,
+                                      fake_modify_qp) == 0);
+  vf::failover::periodic_work(*rig.e);
+  CHECK_FALSE(rig.p->path_wait.active);
+  CHECK(rig.v->application_failed.load());
+  // Its own ERR: every request flushes, as RC flushes a QP moved to ERR (no transport error).
+  const std::vector<ibv_wc> shown = stashed(rig);
+  REQUIRE(shown.size() == 2);
+  CHECK(shown[0].wr_id == 0x51);
+  CHECK(shown[0].status == IBV_WC_WR_FLUSH_ERR);
+  CHECK(shown[1].wr_id == 0x52);
+  CHECK(shown[1].status == IBV_WC_WR_FLUSH_ERR);
+}
