@@ -247,10 +247,13 @@ int FailoverEngine::switches_of(std::uint32_t qpn, std::uint64_t* failovers,
 }
 
 void FailoverEngine::lock_for_fork() {
+  // In write_stats' order: the stats file's lock, then the engine's.
+  engine().stats_file_mutex.lock();
   engine().mutex.lock();
 }
 void FailoverEngine::unlock_after_fork() {
   engine().mutex.unlock();
+  engine().stats_file_mutex.unlock();
 }
 
 void FailoverEngine::forget_after_fork() {
@@ -261,6 +264,7 @@ void FailoverEngine::forget_after_fork() {
   e.started = false;
   e.start_failed = true;  // the child runs unprotected (documented)
   e.mutex.unlock();
+  e.stats_file_mutex.unlock();
 }
 
 }  // namespace vf

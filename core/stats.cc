@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>  // rename
 #include <system_error>
@@ -177,7 +178,10 @@ std::string render_stats_json(const StatsSnapshot& snapshot) {
 }
 
 bool write_file_atomically(const std::string& path, std::string_view content, std::string& error) {
-  const std::string temporary = fmt::format("{}.tmp.{}", path, ::getpid());
+  // A name of its own per write: two threads of this process may write one path at once (the
+  // engine's thread, the exit handler), and a shared temporary mixes their contents.
+  static std::atomic<std::uint64_t> writes{0};
+  const std::string temporary = fmt::format("{}.tmp.{}.{}", path, ::getpid(), ++writes);
   const auto system_error = [](int code) {
     return std::error_code(code, std::generic_category()).message();
   };

@@ -68,8 +68,9 @@ std::string render_stats_json(const StatsSnapshot& snapshot);
 // `text` as a JSON string literal, quotes included.
 std::string json_quote(std::string_view text);
 
-// Writes `content` to "<path>.tmp.<pid>" and renames it over `path`, so readers see the old file
-// or the new one, never a part. On failure returns false, removes the temporary file and sets
+// Writes `content` to "<path>.tmp.<pid>.<n>" (n counts this process's writes, so concurrent
+// writers never share one) and renames it over `path`, so readers see the old file or the new
+// one, never a part. On failure returns false, removes the temporary file and sets
 // `error` to a sentence naming the file and the system error.
 bool write_file_atomically(const std::string& path, std::string_view content, std::string& error);
 

@@ -139,6 +139,12 @@ struct Engine {
   // written next (changes are written at most every kStatsChangeGapNs).
   std::uint64_t stats_written_digest = 0;
   std::uint64_t next_change_stats_ns = 0;
+  // Orders the writes of the stats file (the engine's thread, the exit handler on another): a
+  // snapshot is taken and written whole before the next one is taken, so the file never goes
+  // back to an older state; after the exit's write (stats_final) nothing is written. Taken before
+  // `mutex`, never while holding it (write_stats, and the fork handlers in that order).
+  std::mutex stats_file_mutex;
+  bool stats_final = false;
   // Messages about a pair that did not come from its peer (message_dispatch.cc): dropped, and
   // logged at the 1st, 2nd, 4th, 8th... so that a flood costs a few lines.
   std::uint64_t foreign_messages = 0;

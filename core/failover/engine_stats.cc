@@ -7,6 +7,7 @@
 #include <functional>
 #include <mutex>
 #include <string>
+#include <string_view>
 
 #include "core/clock.h"
 #include "core/log.h"
@@ -60,6 +61,9 @@ bool stats_changed(const Engine& e) {
 
 void write_stats(Engine& e, const char* reason) {
   if (e.config.stats_file.empty()) return;
+  std::lock_guard file_lock(e.stats_file_mutex);
+  if (e.stats_final) return;  // the exit handler wrote the last word
+  if (std::string_view(reason) == "exit") e.stats_final = true;
   StatsSnapshot snapshot;
   {
     std::lock_guard lock(e.mutex);

@@ -10,7 +10,9 @@
 namespace vf::failover {
 
 // Writes VERBS_FAILOVER_STATS (if set). Takes the engine mutex itself for the snapshot; the file
-// is written without it.
+// is written without it. Writes from several threads are ordered (Engine::stats_file_mutex), and
+// once the exit handler's ("exit") is written, later ones are not: the file ends as the process
+// ended.
 void write_stats(Engine& e, const char* reason);
 
 // Engine mutex held: whether what the stats file says has changed since it was last written
