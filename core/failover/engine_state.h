@@ -127,6 +127,11 @@ struct Engine {
   // (qp_transitions.h, modify()).
   std::map<const ibv_qp*, ibv_qp_state> physical_states;
   std::map<std::pair<std::uint64_t, Gid>, std::uint32_t> peer_index_of;
+  // The session the message being handled came on, while process_message runs (0 otherwise):
+  // what its handler sends to that peer goes back on it, the one route just seen working. The
+  // session the sender would pick (find_by_token: the management network first) may be dead
+  // without a sign while another network carried the message (issue 20 item 7).
+  std::uint64_t answering_session = 0;
   // Control messages the application's threads want sent: the engine's thread sends them (it
   // alone touches the network, which may block).
   std::vector<std::pair<VirtualQp*, ControlMessage>> outbox;

@@ -18,15 +18,66 @@
 
 namespace vf::failover {
 
+namespace {
+
+// The session a message to the pair's peer process goes on, or null: while a message of that
+// peer is handled, the session it came on; else its preferred live session (find_by_token),
+// else the one the pairing used.
+ControlSession* open_session_for(Engine& e, const Protection& p) {
+  if (e.answering_session != 0) {
+    ControlSession* session = e.channel.find(e.answering_session);
+    if (session != nullptr && session->hello_received &&
+        session->peer.process_token == p.peer.token) {
+      return session;
+    }
+  }
+  if (ControlSession* session = e.channel.find_by_token(p.peer.token)) return session;
+  return e.channel.find(p.peer.session);
+}
+
+}  // namespace
+
 bool send_on_open_session(Engine& e, Protection& p, const ControlMessage& message) {
   if (p.peer.local) {
     e.local_inbox.emplace_back(0, message);
     wake_engine(e);
     return true;
   }
-  ControlSession* session = e.channel.find_by_token(p.peer.token);
-  if (session == nullptr) session = e.channel.find(p.peer.session);
+  ControlSession* session = open_session_for(e, p);
   return session != nullptr && e.channel.send(session->id, message);
+}
+
+int send_on_every_route(Engine& e, Protection& p, const ControlMessage& message,
+                        std::size_t rotation) {
+  if (p.peer.local) return send_on_open_session(e, p, message) ? 1 : 0;
+  int routes = 0;
+  std::uint64_t used = 0;
+  if (ControlSession* session = open_session_for(e, p)) {
+    used = session->id;
+    if (e.channel.send(used, message)) ++routes;
+  }
+  const std::size_t n = p.peer.addresses.size();
+  int started = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint32_t address = p.peer.addresses[(rotation + i) % n];
+    ControlSession* session = e.channel.find_by_endpoint(address, p.peer.port);
+    if (session == nullptr) {
+      // Bounded: a peer may advertise up to kMaxAddresses, and this runs once per resend.
+      if (started == kMaxRouteConnectsPerSend) continue;
+      ++started;
+      std::string error;
+      const std::uint64_t id =
+          e.channel.connect_async(address, p.peer.port, kConnectTimeoutMs, error);
+      if (id == 0) {  // no route from here (this host's link to that network is down): at once
+        VF_LOG_DEBUG("control: no route to {}:{} ({})", ipv4_text(address), p.peer.port, error);
+        continue;
+      }
+      session = e.channel.find(id);
+    }
+    if (session == nullptr || session->id == used) continue;
+    if (e.channel.send(session->id, message)) ++routes;
+  }
+  return routes;
 }
 
 bool send_to_peer(Engine& e, Protection& p, const ControlMessage& message) {
@@ -171,7 +222,9 @@ void on_session_message(Engine& e, ControlSession& session, ControlMessage& mess
   from.port = session.peer.port;
   from.pid = session.peer.pid;
   from.session = session.id;
+  e.answering_session = session.id;
   process_message(e, from, session.id, message);
+  e.answering_session = 0;
 }
 
 void on_session_closed(Engine& e, const ControlSession& closed) {

@@ -11,6 +11,17 @@ namespace vf::failover {
 // To this process's inbox, or on a session to the peer that exists: never connects.
 bool send_on_open_session(Engine& e, Protection& p, const ControlMessage& message);
 
+// As send_on_open_session, and also on a session to every other address the peer advertised,
+// starting from the `rotation`-th: one that exists (an outgoing session to it, up or still
+// connecting), else a new one started with connect_async (never waited for; at most
+// kMaxRouteConnectsPerSend per call). For messages worth repeating on every route when an
+// answer is late (a switch request): the session in use may have died without a sign (its
+// network's link down), and another network may still reach the peer. The peer must treat a
+// second copy as the first (a switch request is idempotent by epoch). Returns the number of
+// sessions it was handed to (queued on a connecting one counts).
+int send_on_every_route(Engine& e, Protection& p, const ControlMessage& message,
+                        std::size_t rotation);
+
 // As send_on_open_session, else connects to each address the peer advertised (blocking, at
 // most kConnectTimeoutMs each). False (logged once) when no address answers.
 bool send_to_peer(Engine& e, Protection& p, const ControlMessage& message);

@@ -435,10 +435,12 @@ void resend_switch_request(Engine& e, Protection& p, std::uint64_t now) {
   ++sw.resends;
   VF_LOG_INFO("qp {}: no answer to its switch request (epoch {}) yet; sent again ({})", p.qp->vqpn,
               sw.epoch, sw.resends);
-  // On a session that is open (never connecting: the engine's lock is held, and a peer that is
-  // gone would cost every QP a connect timeout each second); the deadline aborts the switch.
-  if (!send_on_open_session(e, p, switch_request(p, sw.reason))) {
-    VF_LOG_DEBUG("qp {}: no open session to the peer; the switch request is not repeated",
+  // On the session in use and on a session to each other address of the peer: the one in use
+  // may be dead without a sign yet (its network's link down; TCP gives up on it only after
+  // seconds), while another network still reaches the peer. New connections are started, never
+  // waited for (the engine's lock is held); the deadline aborts the switch.
+  if (send_on_every_route(e, p, switch_request(p, sw.reason), sw.resends) == 0) {
+    VF_LOG_DEBUG("qp {}: no route to the peer; the switch request waits for the next resend",
                  p.qp->vqpn);
   }
 }
