@@ -485,8 +485,9 @@ assert_stats() {
 # first completion on the standby among the failovers of HOST's jobs after that fault, minus the
 # fault's time, both on HOST's clock; an upper bound, at most err_ms too high), and the shim's own
 # detection-to-first-completion "ms" (median and max over every failover of both hosts). Adds the
-# figures fault_to_resume_ms, err_ms, failover_ms, failover_ms_max; the full table goes to
-# $SCEN_DIR/failover_times.txt. Sets FAILOVER_RESUME_MS (one value per fault, "-" if none).
+# figures fault_to_resume_ms, err_ms, failover_ms, failover_ms_max, and peer_request_ms (median,
+# over the failovers a peer asked for: its request's arrival to the first completion here); the
+# full table goes to $SCEN_DIR/failover_times.txt. Sets FAILOVER_RESUME_MS (one value per fault, "-" if none).
 FAILOVER_RESUME_MS=()
 failover_figures() {
   local out line resume err
@@ -505,6 +506,7 @@ failover_figures() {
         ;;
       failover_ms_median\ *) figure failover_ms "${line#* }" ;;
       failover_ms_max\ *) figure failover_ms_max "${line#* }" ;;
+      peer_request_ms_median\ *) figure peer_request_ms "${line#* }" ;;
     esac
   done <<<"$out"
   if ((${#FAILOVER_RESUME_MS[@]})); then

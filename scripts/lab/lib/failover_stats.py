@@ -16,7 +16,8 @@ The lab's app() gives every shim process VERBS_FAILOVER_STATS=<scenario>/<H>/sta
       all) detected after that fault and before the next one; fault_to_resume = the latest
       resumed_unix_ns among them minus the fault's time (both read from HOST's clock), and the
       fault time's error bound. Also the event "ms" (detection to first completion, each host's own
-      clock) over every host.
+      clock) over every host, and the same for the failovers a peer asked for (reason
+      peer_request: from the peer's request reaching this host to its first completion here).
 """
 import glob
 import json
@@ -152,14 +153,17 @@ def cmd_times(args):
                 continue
             mine += [e for _, e in events(s) if e.get("kind") == "failover"]
     all_ms = []
+    peer_ms = []
     for h in ("A", "B"):
         for _, path in stats_files(scen_dir, h):
             try:
                 s = load(path)
             except (OSError, ValueError):
                 continue
-            all_ms += [float(e["ms"]) for _, e in events(s)
-                       if e.get("kind") == "failover" and e.get("ms") is not None]
+            timed = [e for _, e in events(s)
+                     if e.get("kind") == "failover" and e.get("ms") is not None]
+            all_ms += [float(e["ms"]) for e in timed]
+            peer_ms += [float(e["ms"]) for e in timed if e.get("reason") == "peer_request"]
     print("faults %d" % len(faults))
     for i, (kind, net, t, err) in enumerate(faults):
         end = faults[i + 1][2] if i + 1 < len(faults) else None
@@ -174,6 +178,9 @@ def cmd_times(args):
     if all_ms:
         print("failover_ms_median %.1f" % statistics.median(all_ms))
         print("failover_ms_max %.1f" % max(all_ms))
+    if peer_ms:
+        print("peer_request_ms_median %.1f" % statistics.median(peer_ms))
+        print("peer_request_ms_max %.1f" % max(peer_ms))
     return 0
 
 

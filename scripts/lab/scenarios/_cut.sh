@@ -171,17 +171,19 @@ cut_workload_ok() {
   return "$rc"
 }
 
-# cut_scenario WORKLOAD FAULT: the whole scenario (FAULT: port_down or cable_cut of A's rail 0).
-# Sets CUT_RC_WORKLOAD (0: the workload came through) for scenarios that check more.
+# cut_scenario WORKLOAD FAULT [HOST]: the whole scenario (FAULT: port_down, cable_cut or blackhole
+# of HOST's rail 0; HOST A unless given: B is the "remote cut", seen only by the server's host, which
+# must move both ends through the control channel). Sets CUT_RC_WORKLOAD (0: the workload came
+# through) for scenarios that check more.
 cut_scenario() {
-  local workload=$1 kind=$2 j st
+  local workload=$1 kind=$2 host=${3:-A} j st
   cut_start "$workload"
   after_seconds "$CUT_AFTER"
   for j in "${CUT_JOBS[@]}"; do
     [[ -z $(job_rc "${j%%:*}" "${j#*:}") ]] ||
       lab_fail "$j ended before the fault (status $(job_rc "${j%%:*}" "${j#*:}")): make the run longer (VF_CUT_*)"
   done
-  fault "$kind" A rail0
+  fault "$kind" "$host" rail0
   wait_jobs_or_failure "$CUT_BOUND" 10 "${CUT_JOBS[@]}"
   local states=() describe=()
   for j in "${CUT_JOBS[@]}"; do
@@ -210,6 +212,6 @@ cut_scenario() {
   for j in "${CUT_PROTECTED[@]}"; do
     assert_failover "${j%%:*}" "${j#*:}" || rc=1
   done
-  failover_figures A
+  failover_figures "$host"
   return "$rc"
 }

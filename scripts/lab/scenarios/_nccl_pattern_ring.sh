@@ -13,19 +13,28 @@ NCCL_JOBS=(A:p0 B:p0 A:p1 B:p1)
 # listens first, then connects to the next (bounded retries), so they may start in any order.
 # VAR=VALUE words go to every process (e.g. the shim's settings).
 start_nccl_rings() {
-  local iters=$1 bytes=$2 timeout_s=$3 p h rank peer
+  local iters=$1 bytes=$2 timeout_s=$3 p
   shift 3
+  for p in 0 1; do
+    start_nccl_ring "A:p$p" "B:p$p" "$(nccl_port A "$p")" "$(nccl_port B "$p")" "rxe$p" \
+      "$iters" "$bytes" "$timeout_s" "$@"
+  done
+}
+
+# start_nccl_ring HOST:JOB0 HOST:JOB1 PORT0 PORT1 DEV ITERS BYTES TIMEOUT_S [VAR=VALUE...]: one
+# 2-rank ring, rank 0 as JOB0 listening on PORT0, rank 1 as JOB1 on PORT1, every QP on DEV (both
+# jobs may be on one host: then its QPs loop back through DEV itself).
+start_nccl_ring() {
+  local jobs=("$1" "$2") ports=("$3" "$4") dev=$5 iters=$6 bytes=$7 timeout_s=$8 rank peer
+  shift 8
   local bin=$REPO_DIR/build/bin/nccl_pattern
   [[ -x $bin ]] || lab_fail "nccl_pattern is not built: $bin"
-  for p in 0 1; do
-    for h in A B; do
-      rank=0 peer=B
-      [[ $h == B ]] && rank=1 peer=A
-      app "$h" "p$p" "$@" -- stdbuf -oL "$bin" --rank "$rank" --nranks 2 \
-        --listen "$(nccl_port "$h" "$p")" --next "$(ip_of "$peer" mgmt):$(nccl_port "$peer" "$p")" \
-        --dev "rxe$p" --prev-dev "rxe$p" --gid-index 1 --qps-per-conn 2 \
-        --iters "$iters" --bytes "$bytes" --chunk-bytes 16384 --ib-timeout 14 --timeout-s "$timeout_s"
-    done
+  for rank in 0 1; do
+    peer=$((1 - rank))
+    app "${jobs[rank]%%:*}" "${jobs[rank]#*:}" "$@" -- stdbuf -oL "$bin" --rank "$rank" --nranks 2 \
+      --listen "${ports[rank]}" --next "$(ip_of "${jobs[peer]%%:*}" mgmt):${ports[peer]}" \
+      --dev "$dev" --prev-dev "$dev" --gid-index 1 --qps-per-conn 2 \
+      --iters "$iters" --bytes "$bytes" --chunk-bytes 16384 --ib-timeout 14 --timeout-s "$timeout_s"
   done
 }
 
