@@ -44,6 +44,7 @@ class ControlChannel {
   std::uint16_t port() const { return port_; }
   // What this side says first on every connection (its addresses and port).
   void set_hello(const Hello& hello) { hello_ = hello; }
+  const Hello& hello() const { return hello_; }
 
   // Connects within timeout_ms and sends the hello. Returns the session id, 0 on failure.
   std::uint64_t connect(std::uint32_t address, std::uint16_t port, int timeout_ms,

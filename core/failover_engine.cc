@@ -263,6 +263,8 @@ void FailoverEngine::forget_after_fork() {
   e.channel.abandon();
   e.started = false;
   e.start_failed = true;  // the child runs unprotected (documented)
+  // The stats file's name holds the parent's pid: the child's exit must not overwrite it.
+  e.stats_final = true;
   e.mutex.unlock();
   e.stats_file_mutex.unlock();
 }

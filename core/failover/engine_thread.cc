@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -192,9 +193,17 @@ bool start_engine(Engine& e) {
   if (e.config.stats_interval_s > 0) {
     e.next_stats_ns = monotonic_ns() + static_cast<std::uint64_t>(e.config.stats_interval_s * 1e9);
   }
+  // The engine's thread takes none of the application's signals (it inherits this mask): a
+  // handler run on it could call exit() while it writes the stats file, and the exit handler
+  // would then wait for the lock its own thread holds.
+  sigset_t all_signals, saved_mask;
+  sigfillset(&all_signals);
+  pthread_sigmask(SIG_BLOCK, &all_signals, &saved_mask);
   try {
     std::thread(run_engine, std::ref(e)).detach();
+    pthread_sigmask(SIG_SETMASK, &saved_mask, nullptr);
   } catch (const std::system_error& failure) {
+    pthread_sigmask(SIG_SETMASK, &saved_mask, nullptr);
     VF_LOG_WARN("failover: cannot start the engine thread ({}); running unprotected",
                 failure.what());
     e.start_failed = true;

@@ -11,8 +11,9 @@ namespace vf::failover {
 constexpr std::uint8_t kMaxPorts = 4;
 constexpr int kMaxDevices = 32;
 constexpr int kConnectTimeoutMs = 300;
-// New connections one send_on_every_route call may start (message_dispatch.h): enough for a
-// management network and two rails, bounded against a peer that advertises many addresses.
+// Outgoing sessions send_on_every_route keeps to one peer's addresses (message_dispatch.h), the
+// ones it starts included: enough for a management network and two rails, bounded against a
+// peer that advertises many addresses or is gone.
 constexpr int kMaxRouteConnectsPerSend = 4;
 constexpr std::uint64_t kPairingAnswerTimeoutNs = 2'000'000'000;
 // A re-arm request unanswered for this long is sent again (with a fresh PSN), and so is the

@@ -56,15 +56,25 @@ int send_on_every_route(Engine& e, Protection& p, const ControlMessage& message,
     used = session->id;
     if (e.channel.send(used, message)) ++routes;
   }
+  if (p.peer.port == 0) return routes;  // a peer without a listener: no other route
+  const std::vector<std::uint32_t>& own = e.channel.hello().addresses;
   const std::size_t n = p.peer.addresses.size();
-  int started = 0;
+  // The outgoing sessions to the peer's addresses, existing or started here, are bounded per
+  // peer (not per call: every QP of a switch calls this): a peer that advertises many
+  // addresses, or one that is gone, costs at most kMaxRouteConnectsPerSend of them.
+  std::vector<std::pair<std::uint32_t, ControlSession*>> routes_found;
+  std::size_t outgoing = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const std::uint32_t address = p.peer.addresses[(rotation + i) % n];
     ControlSession* session = e.channel.find_by_endpoint(address, p.peer.port);
+    if (session != nullptr) ++outgoing;
+    routes_found.emplace_back(address, session);
+  }
+  for (auto& [address, session] : routes_found) {
     if (session == nullptr) {
-      // Bounded: a peer may advertise up to kMaxAddresses, and this runs once per resend.
-      if (started == kMaxRouteConnectsPerSend) continue;
-      ++started;
+      // Never this host's own address (a bridge address every host has, say): it leads here.
+      if (std::find(own.begin(), own.end(), address) != own.end()) continue;
+      if (outgoing >= static_cast<std::size_t>(kMaxRouteConnectsPerSend)) continue;
       std::string error;
       const std::uint64_t id =
           e.channel.connect_async(address, p.peer.port, kConnectTimeoutMs, error);
@@ -72,9 +82,12 @@ int send_on_every_route(Engine& e, Protection& p, const ControlMessage& message,
         VF_LOG_DEBUG("control: no route to {}:{} ({})", ipv4_text(address), p.peer.port, error);
         continue;
       }
+      ++outgoing;
       session = e.channel.find(id);
     }
     if (session == nullptr || session->id == used) continue;
+    // A session whose far end said it is another process is not a route to this peer.
+    if (session->hello_received && session->peer.process_token != p.peer.token) continue;
     if (e.channel.send(session->id, message)) ++routes;
   }
   return routes;

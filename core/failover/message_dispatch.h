@@ -13,8 +13,9 @@ bool send_on_open_session(Engine& e, Protection& p, const ControlMessage& messag
 
 // As send_on_open_session, and also on a session to every other address the peer advertised,
 // starting from the `rotation`-th: one that exists (an outgoing session to it, up or still
-// connecting), else a new one started with connect_async (never waited for; at most
-// kMaxRouteConnectsPerSend per call). For messages worth repeating on every route when an
+// connecting; not one whose far end is another process), else a new one started with
+// connect_async (never waited for; never to this host's own addresses; at most
+// kMaxRouteConnectsPerSend outgoing sessions to the peer's addresses in all). For messages worth repeating on every route when an
 // answer is late (a switch request): the session in use may have died without a sign (its
 // network's link down), and another network may still reach the peer. The peer must treat a
 // second copy as the first (a switch request is idempotent by epoch). Returns the number of

@@ -121,23 +121,36 @@ TEST_CASE("An unanswered switch request is repeated on every route to the peer, 
   pump_until<vf::FailoverRequest>(*rig.e, peer, 1);  // on the open session only
 
   // No answer (the session died without a sign, say): the resend goes on that session and on a
-  // new one to each other address, at most kMaxRouteConnectsPerSend of them started per resend.
+  // new one to each other address, up to kMaxRouteConnectsPerSend outgoing sessions to the peer
+  // (the open one counts): .1 (open), .2, .3, .4.
+  const std::size_t cap = vf::failover::kMaxRouteConnectsPerSend;
+  const std::uint16_t port = peer.channel.port();
   rig.p->sw.request_sent_ns = 1;
   vf::failover::periodic_work(*rig.e);
-  const int started = vf::failover::kMaxRouteConnectsPerSend;
-  pump_until<vf::FailoverRequest>(*rig.e, peer, 2 + started);
+  pump_until<vf::FailoverRequest>(*rig.e, peer, 1 + cap);
   std::vector<std::uint64_t> sessions = peer.sessions_of<vf::FailoverRequest>();
-  CHECK(std::set<std::uint64_t>(sessions.begin(), sessions.end()).size() == 1 + started);
-  CHECK(rig.e->channel.find_by_endpoint(loopback(6), peer.channel.port()) == nullptr);
+  CHECK(std::set<std::uint64_t>(sessions.begin(), sessions.end()).size() == cap);
+  CHECK(rig.e->channel.find_by_endpoint(loopback(4), port) != nullptr);
+  CHECK(rig.e->channel.find_by_endpoint(loopback(5), port) == nullptr);
 
-  // The next resend starts one address further on: the sixth gets its session, and every route
-  // that exists carries the request again (no second session to an address).
+  // The next resend: every route carries the request again, and no session more (the bound is
+  // per peer, not per call).
   rig.p->sw.request_sent_ns = 1;
   vf::failover::periodic_work(*rig.e);
-  pump_until<vf::FailoverRequest>(*rig.e, peer, 2 + started + 6);
+  pump_until<vf::FailoverRequest>(*rig.e, peer, 1 + 2 * cap);
   sessions = peer.sessions_of<vf::FailoverRequest>();
-  CHECK(std::set<std::uint64_t>(sessions.begin(), sessions.end()).size() == 6);
-  CHECK(rig.e->channel.find_by_endpoint(loopback(6), peer.channel.port()) != nullptr);
+  CHECK(std::set<std::uint64_t>(sessions.begin(), sessions.end()).size() == cap);
+  CHECK(rig.e->channel.find_by_endpoint(loopback(5), port) == nullptr);
+
+  // A route closes (TCP gave up on it): the one after, starting one address further on each
+  // resend, takes its place: .5, not .6.
+  rig.e->channel.close(rig.e->channel.find_by_endpoint(loopback(2), port)->id);
+  rig.p->sw.request_sent_ns = 1;
+  vf::failover::periodic_work(*rig.e);  // third resend: rotation 2, from .3
+  pump_until<vf::FailoverRequest>(*rig.e, peer, 1 + 3 * cap);
+  CHECK(rig.e->channel.find_by_endpoint(loopback(5), port) != nullptr);
+  CHECK(rig.e->channel.find_by_endpoint(loopback(6), port) == nullptr);
+  sessions = peer.sessions_of<vf::FailoverRequest>();
   for (const auto& [session, message] : peer.received) {
     if (const auto* request = std::get_if<vf::FailoverRequest>(&message)) {
       CHECK(request->epoch == rig.p->sw.epoch);
@@ -192,4 +205,40 @@ TEST_CASE("A pair whose peer is in this process: a resend goes to the inbox once
   CHECK(rig.e->local_inbox.size() == 1);
   CHECK(rig.e->channel.find_by_endpoint(loopback(1), 18720) == nullptr);
   CHECK(rig.e->channel.find_by_endpoint(loopback(2), 18720) == nullptr);
+}
+
+TEST_CASE("Every route: never this host's own addresses, never a session of another process",
+          "[engine]") {
+  Rig rig;
+  PeerShim peer;
+  pair_with(rig, peer);
+  // This host also has .2 and .3 (a bridge address every host has, say): not routes to the peer.
+  vf::Hello mine = rig.e->channel.hello();
+  mine.addresses = {loopback(2), loopback(3)};
+  rig.e->channel.set_hello(mine);
+  const std::uint16_t port = peer.channel.port();
+  CHECK(vf::failover::send_on_every_route(*rig.e, *rig.p, vf::MrQuery{0x77, {}}, 0) == 4);
+  CHECK(rig.e->channel.find_by_endpoint(loopback(2), port) == nullptr);
+  CHECK(rig.e->channel.find_by_endpoint(loopback(3), port) == nullptr);
+  pump_until<vf::MrQuery>(*rig.e, peer, 4);  // .1 (open), .4, .5, .6
+
+  // While a message of another process (another token) is handled, what goes to the peer still
+  // goes to the peer, not back on that process's session.
+  PeerShim stranger;
+  vf::Hello other = stranger.channel.hello();
+  other.process_token = 99;
+  stranger.channel.set_hello(other);
+  std::string error;
+  const std::uint64_t to_stranger = rig.e->channel.connect(loopback(1), stranger.channel.port(), 2000, error);
+  REQUIRE(to_stranger != 0);
+  for (int round = 0; round < kRounds && !rig.e->channel.find(to_stranger)->hello_received; ++round) {
+    pump(*rig.e, stranger);
+  }
+  REQUIRE(rig.e->channel.find(to_stranger)->hello_received);
+  rig.e->answering_session = to_stranger;  // as if handling a message of the stranger
+  REQUIRE(vf::failover::send_on_open_session(*rig.e, *rig.p, vf::MrQuery{0x78, {}}));
+  rig.e->answering_session = 0;
+  for (int round = 0; round < 20; ++round) pump(*rig.e, stranger);
+  pump_until<vf::MrQuery>(*rig.e, peer, 5);
+  CHECK(stranger.received.empty());
 }
