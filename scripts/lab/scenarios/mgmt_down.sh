@@ -39,6 +39,13 @@ scenario_run() {
     [[ -n $(job_rc "${j%%:*}" "${j#*:}") ]] || kill_job "${j%%:*}" "${j#*:}" --stacks
   done
   cut_workload_ok rc_pingpong || rc=1
+  # The fault mattered: the first switch request went into the dead management session, and a
+  # repeat (on every route) carried it.
+  local repeats
+  repeats=$(($(shim_log_count A cli 'no answer to its switch request .* sent again') +
+    $(shim_log_count B srv 'no answer to its switch request .* sent again')))
+  figure repeats "$repeats"
+  ((repeats >= 1)) || { note "no switch request was repeated: the management session was not in the way"; rc=1; }
   for j in "${CUT_JOBS[@]}"; do
     assert_failover "${j%%:*}" "${j#*:}" || rc=1
   done
