@@ -62,28 +62,35 @@ int send_on_every_route(Engine& e, Protection& p, const ControlMessage& message,
   // The outgoing sessions to the peer's addresses, existing or started here, are bounded per
   // peer (not per call: every QP of a switch calls this): a peer that advertises many
   // addresses, or one that is gone, costs at most kMaxRouteConnectsPerSend of them.
-  std::vector<std::pair<std::uint32_t, ControlSession*>> routes_found;
+  // Session ids, not pointers: a send that fails closes its session (and frees it).
+  std::vector<std::pair<std::uint32_t, std::uint64_t>> routes_found;  // address, session (0: none)
   std::size_t outgoing = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const std::uint32_t address = p.peer.addresses[(rotation + i) % n];
+    const auto listed = [&](const auto& route) { return route.first == address; };
+    if (std::any_of(routes_found.begin(), routes_found.end(), listed)) continue;  // listed twice
     ControlSession* session = e.channel.find_by_endpoint(address, p.peer.port);
     if (session != nullptr) ++outgoing;
-    routes_found.emplace_back(address, session);
+    routes_found.emplace_back(address, session != nullptr ? session->id : 0);
   }
-  for (auto& [address, session] : routes_found) {
-    if (session == nullptr) {
+  for (const auto& [address, id] : routes_found) {
+    ControlSession* session = nullptr;
+    if (id != 0) {
+      session = e.channel.find(id);
+      if (session == nullptr) continue;  // closed since (a send on it failed)
+    } else {
       // Never this host's own address (a bridge address every host has, say): it leads here.
       if (std::find(own.begin(), own.end(), address) != own.end()) continue;
       if (outgoing >= static_cast<std::size_t>(kMaxRouteConnectsPerSend)) continue;
       std::string error;
-      const std::uint64_t id =
+      const std::uint64_t started =
           e.channel.connect_async(address, p.peer.port, kConnectTimeoutMs, error);
-      if (id == 0) {  // no route from here (this host's link to that network is down): at once
+      if (started == 0) {  // no route from here (this host's link to that network is down)
         VF_LOG_DEBUG("control: no route to {}:{} ({})", ipv4_text(address), p.peer.port, error);
         continue;
       }
       ++outgoing;
-      session = e.channel.find(id);
+      session = e.channel.find(started);
     }
     if (session == nullptr || session->id == used) continue;
     // A session whose far end said it is another process is not a route to this peer.

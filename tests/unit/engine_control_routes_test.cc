@@ -242,3 +242,14 @@ TEST_CASE("Every route: never this host's own addresses, never a session of anot
   pump_until<vf::MrQuery>(*rig.e, peer, 5);
   CHECK(stranger.received.empty());
 }
+
+TEST_CASE("Every route: an address the peer lists twice gets one session", "[engine]") {
+  Rig rig;
+  PeerShim peer;
+  pair_with(rig, peer);
+  rig.p->peer.addresses = {loopback(1), loopback(2), loopback(2), loopback(3)};
+  CHECK(vf::failover::send_on_every_route(*rig.e, *rig.p, vf::MrQuery{0x77, {}}, 0) == 3);
+  pump_until<vf::MrQuery>(*rig.e, peer, 3);  // .1 (open), .2, .3
+  for (int round = 0; round < 10; ++round) pump(*rig.e, peer);
+  CHECK(peer.sessions_of<vf::MrQuery>().size() == 3);
+}
