@@ -215,3 +215,14 @@ cut_scenario() {
   failover_figures "$host"
   return "$rc"
 }
+
+# remote_cut_scenario WORKLOAD JOB: the cut on B (B's rail 0 port down) while A drives WORKLOAD;
+# with the shim, A's JOB must also show a failover asked for by B (peer_request): A saw no fault
+# of its own, so it moved because B's shim asked, not only on its own errors.
+remote_cut_scenario() {
+  local rc=0
+  cut_scenario "$1" port_down B || rc=1
+  [[ $SCEN_VARIANT == shim ]] || return "$rc"
+  assert_stats A "$2" 'any(e["reason"] == "peer_request" for q in qps(s) for e in q["events"])' || rc=1
+  return "$rc"
+}

@@ -14,10 +14,5 @@ SCENARIO_TIMEOUT=420
 source "$LAB_DIR/scenarios/_cut.sh"
 
 scenario_run() {
-  local rc=0
-  cut_scenario nccl_pattern port_down B || rc=1
-  [[ $SCEN_VARIANT == shim ]] || return "$rc"
-  # A saw no fault of its own: it moved because B's shim asked (not only on its own errors).
-  assert_stats A p0 'any(e["reason"] == "peer_request" for q in qps(s) for e in q["events"])' || rc=1
-  return "$rc"
+  remote_cut_scenario nccl_pattern p0
 }
