@@ -75,6 +75,11 @@ bool ControlChannel::listen(std::uint16_t first, std::uint16_t last, std::string
     error = fmt::format("socket: {}", strerror(errno));
     return false;
   }
+  // A process that ended (a job restarted on this host) leaves its accepted sessions in
+  // TIME_WAIT on its port for a minute; without SO_REUSEADDR that port could not be listened on
+  // again until then. Two live listeners still never share a port (Linux refuses the bind).
+  const int reuse = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &reuse, sizeof reuse);
   for (std::uint32_t port = first; port <= last; ++port) {
     sockaddr_in address{};
     address.sin_family = AF_INET;
@@ -214,6 +219,16 @@ void ControlChannel::finish_connect(ControlSession& session, const CloseHandler&
 bool ControlChannel::send(std::uint64_t id, const ControlMessage& message) {
   ControlSession* session = find(id);
   if (session == nullptr) return false;
+  if (unsigned& lose = lose_next_[message.index()]; lose > 0) {
+    // Lost as a message is when its session dies after the send: taken, never delivered, and
+    // both ends learn of the session's end the usual way (poll sees it closed).
+    --lose;
+    VF_LOG_INFO("control: a {} to {}:{} lost on the way, its session cut (a test's fault injection)",
+                kControlMessageNames[message.index()], ipv4_text(session->remote_address),
+                session->remote_port);
+    ::shutdown(session->fd, SHUT_RDWR);
+    return true;
+  }
   if (session->connecting) {
     encode_control_message(message, session->output);
     return true;

@@ -191,3 +191,35 @@ TEST_CASE("find_by_token: the session on the peer's first advertised address, ev
   REQUIRE(chosen != nullptr);
   CHECK(chosen->id == second);
 }
+
+TEST_CASE("listen: a port whose last listener left connections in TIME_WAIT is taken again, a live one is not") {
+  // A job restarted on the same host (torchrun's elastic restart) must get its control port back
+  // at once: the previous process closed its accepted sessions first, which leaves them in
+  // TIME_WAIT on that port for a minute.
+  std::uint16_t port = 0;
+  vf::ControlChannel client;
+  Events client_events;
+  {
+    vf::ControlChannel server;
+    std::string error;
+    // A range of its own: the other cases (run in parallel by ctest) cannot take the port
+    // between the two listens.
+    REQUIRE(server.listen(18780, 18789, error));
+    port = server.port();
+    server.set_hello(hello_of(1));
+    client.set_hello(hello_of(2));
+    REQUIRE(client.connect_async(kLoopback, port, 2000, error) != 0);
+    Events server_events;
+    for (int round = 0; round < 100 && client_events.messages.empty(); ++round) {
+      pump(server, server_events, client, client_events);
+    }
+    REQUIRE(client_events.messages.size() == 1);  // the session is up both ways
+  }  // the server ends first: its side of the session goes to TIME_WAIT
+  vf::ControlChannel restarted, second;
+  std::string error;
+  CHECK(restarted.listen(port, port, error));
+  INFO(error);
+  CHECK(restarted.port() == port);
+  // Two live processes never share a port.
+  CHECK_FALSE(second.listen(port, port, error));
+}
