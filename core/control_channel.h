@@ -7,6 +7,7 @@
 
 #include <poll.h>
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -69,6 +70,11 @@ class ControlChannel {
               const CloseHandler& on_close);
   // Forgets everything without closing (a forked child: the fds are the parent's).
   void abandon();
+  // Fault injection for tests (verbs_failover_debug_lose_control): the next `count` messages of
+  // this kind (an index of ControlMessage) that send() is given are lost on the way, and their
+  // session cut, as a reply is lost when its session dies after the request was handled.
+  void lose_next(std::size_t kind, unsigned count) { lose_next_.at(kind) = count; }
+  unsigned still_to_lose(std::size_t kind) const { return lose_next_.at(kind); }
 
  private:
   // A session on a connected socket (or, with a deadline, one still connecting).
@@ -85,6 +91,7 @@ class ControlChannel {
   Hello hello_;
   std::uint64_t next_id_ = 1;
   std::map<std::uint64_t, ControlSession> sessions_;
+  std::array<unsigned, std::variant_size_v<ControlMessage>> lose_next_{};
 };
 
 // The host's IPv4 addresses (network order), non-loopback, with those not in `rail_addresses`

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -174,6 +175,11 @@ struct MrQuery {
 
 using ControlMessage = std::variant<PairRequest, PairReply, MrUpdate, FailoverRequest, FailoverReply,
                                     Hello, PairRefused, Rearm, MrQuery, PathStatus, PairEnded>;
+// The alternatives' names, in the variant's order (log lines, the tests' fault injection).
+inline constexpr std::array<std::string_view, std::variant_size_v<ControlMessage>>
+    kControlMessageNames = {"PairRequest", "PairReply",   "MrUpdate", "FailoverRequest",
+                            "FailoverReply", "Hello",     "PairRefused", "Rearm",
+                            "MrQuery",     "PathStatus",  "PairEnded"};
 
 inline constexpr std::uint32_t kControlMagic = 0x4D434656;  // "VFCM" little-endian
 inline constexpr std::uint16_t kControlVersion = 7;

@@ -227,6 +227,17 @@ void FailoverEngine::set_resume_late(std::uint64_t nanoseconds) {
   e.resume_late_ns = nanoseconds;
 }
 
+int FailoverEngine::lose_control_messages(std::string_view kind, unsigned count) {
+  Engine& e = engine();
+  std::lock_guard lock(e.mutex);
+  for (std::size_t i = 0; i < kControlMessageNames.size(); ++i) {
+    if (kControlMessageNames[i] != kind) continue;
+    if (count > 0) e.channel.lose_next(i, count);
+    return static_cast<int>(e.channel.still_to_lose(i));
+  }
+  return -1;
+}
+
 void FailoverEngine::set_rearm_retry(std::uint64_t nanoseconds) {
   Engine& e = engine();
   std::lock_guard lock(e.mutex);

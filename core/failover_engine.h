@@ -100,6 +100,10 @@ class FailoverEngine {
   void set_resume_late(std::uint64_t nanoseconds);
   // The first hold-down of a path that failed silently (default 10 s). For tests.
   void set_first_hold_down(std::uint64_t nanoseconds);
+  // The next `count` control messages of the named kind (kControlMessageNames) this process
+  // sends are lost; returns how many of that kind are still to lose, or -1 for an unknown name.
+  // count 0 only asks. For tests (verbs_failover_debug_lose_control).
+  int lose_control_messages(std::string_view kind, unsigned count);
   // fork(): the child has no engine thread and must not use the parent's objects.
   void forget_after_fork();
   void lock_for_fork();

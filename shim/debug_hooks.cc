@@ -77,3 +77,11 @@ VF_EXPORT int verbs_failover_debug_set_hold_down_ms(unsigned int milliseconds) {
   vf::FailoverEngine::instance().set_first_hold_down(std::uint64_t{milliseconds} * 1'000'000);
   return 0;
 }
+
+// Loses the next `count` control messages of a kind ("FailoverReply", ...) this process sends,
+// as a reply is lost when its session dies after the request was handled; count 0 only asks.
+// Returns how many of that kind are still to lose, or -1 for an unknown kind.
+VF_EXPORT int verbs_failover_debug_lose_control(const char* kind, unsigned int count) {
+  if (kind == nullptr) return -1;
+  return vf::FailoverEngine::instance().lose_control_messages(kind, count);
+}

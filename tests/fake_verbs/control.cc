@@ -7,10 +7,11 @@ using namespace fake_verbs;
 
 namespace {
 
+// By fabric-wide index: with the wire, this process has only its host's devices.
 Device* device_at(int index) {
-  auto& devs = fabric().devices;
-  if (index < 0 || size_t(index) >= devs.size()) return nullptr;
-  return devs[size_t(index)].get();
+  for (auto& d : fabric().devices)
+    if (d->index == index) return d.get();
+  return nullptr;
 }
 
 // What hardware does to in-flight work when its own link dies: the request at the head times
@@ -154,6 +155,7 @@ FAKE_EXPORT int fake_verbs_query_device_stats(int index, fake_verbs_device_stats
   out->tx_messages = dev->stats.tx_messages;
   out->rx_messages = dev->stats.rx_messages;
   out->dropped_packets = dev->stats.dropped_packets;
+  out->acks_lost = dev->stats.acks_lost;
   return 0;
 }
 

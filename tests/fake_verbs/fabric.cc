@@ -95,14 +95,31 @@ void ensure_initialized_locked() {
   const char* log = std::getenv("VF_FAKE_VERBS_LOG");
   f.log = log != nullptr && *log != '\0' && std::strcmp(log, "0") != 0;
   int n = configured_device_count();
+  const char* wire_name = std::getenv("VF_FAKE_VERBS_WIRE");
+  if (wire_name != nullptr && *wire_name != '\0') {
+    const char* host = std::getenv("VF_FAKE_VERBS_HOST");
+    char* end = nullptr;
+    const long h = host != nullptr ? std::strtol(host, &end, 10) : -1;
+    if (host == nullptr || *host == '\0' || *end != '\0' || h < 0 || 2 * h + 1 >= n)
+      fake_fatal("VF_FAKE_VERBS_WIRE is set: VF_FAKE_VERBS_HOST must name this process's host, "
+                 "0..%d (VF_FAKE_VERBS_DEVICES=%d), not '%s'",
+                 n / 2 - 1, n, host != nullptr ? host : "(unset)");
+    f.wire = true;
+    f.wire_host = int(h);
+    f.wire_name = wire_name;
+    // QP numbers stay unique across the fabric: each host numbers from its own base.
+    f.next_qp_num = 0x11 + uint32_t(h) * 0x10000;
+  }
   for (int i = 0; i < n; ++i) {
+    if (f.wire && i / 2 != f.wire_host) continue;  // another process's NIC
     auto d = std::make_unique<Device>();
     init_device(*d, i);
     f.devices.push_back(std::move(d));
   }
   fake_log(
-      "this is the FAKE libibverbs of verbs-failover (tests only): %d fake devices fake0..fake%d",
-      n, n - 1);
+      "this is the FAKE libibverbs of verbs-failover (tests only): %zu fake devices from fake%d",
+      f.devices.size(), f.devices.front()->index);
+  if (f.wire) wire_start_locked();
 }
 
 std::unique_lock<std::mutex> fabric_lock() {

@@ -105,6 +105,7 @@ struct fake_verbs_device_stats {
   uint64_t tx_messages;     /* messages sent from this device and delivered */
   uint64_t rx_messages;     /* messages delivered to this device */
   uint64_t dropped_packets; /* transport tries of this device's senders that were lost */
+  uint64_t acks_lost;       /* acknowledgements to this device lost by fake_verbs_set_lose_acks */
 };
 
 int fake_verbs_query_device_stats(int device_index, struct fake_verbs_device_stats* out);

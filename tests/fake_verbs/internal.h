@@ -20,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -85,6 +86,7 @@ struct DeviceStats {
   uint64_t tx_messages = 0;
   uint64_t rx_messages = 0;
   uint64_t dropped_packets = 0;
+  uint64_t acks_lost = 0;  // acknowledgements lost by fake_verbs_set_lose_acks
 };
 
 struct Device {
@@ -203,6 +205,35 @@ struct SendWork {
   // The responder executed it and its acknowledgement was lost: a retry the responder recognises
   // by its PSN is acknowledged again without executing anything a second time.
   bool executed = false;
+  std::vector<uint8_t> recorded_reply;  // a READ's data or an atomic's old value, for a retry
+  // Over the wire (wire.cc): the request's PSN, fixed at its first try, and the try in flight.
+  bool psn_assigned = false;
+  uint32_t psn = 0;
+  bool wire_sent = false;
+  uint64_t wire_deadline_ns = 0;  // the try is lost when no answer came by then
+  uint64_t wire_retry_at_ns = 0;  // after an RNR NAK: not tried again before then
+};
+
+// What a responder answers to one request (the same in-process and over the wire).
+enum class Response : uint8_t { kAck = 1, kRnrNak, kRemAccessErr, kRemInvReqErr, kRemOpErr };
+
+struct Request {
+  ibv_wr_opcode opcode = IBV_WR_SEND;
+  uint32_t src_qpn = 0;
+  bool solicited = false;
+  uint32_t imm_data = 0;  // network order, as posted
+  uint64_t remote_addr = 0;
+  uint32_t rkey = 0;
+  uint64_t compare_add = 0;
+  uint64_t swap = 0;
+  uint32_t length = 0;              // SEND/WRITE: payload bytes; READ: bytes asked; atomics: 8
+  const uint8_t* payload = nullptr;  // SEND/WRITE: `length` bytes
+};
+
+struct WireResponse {
+  uint32_t psn = 0;
+  Response response = Response::kAck;
+  std::vector<uint8_t> reply;
 };
 
 struct QpStats {
@@ -236,6 +267,15 @@ struct Qp {
   bool in_batch = false;
   int batch_error = 0;
   std::vector<SendWork> batch;
+  // Over the wire (wire.cc), as a requester: whether the peer is in another process, the PSN of
+  // the next new request (sq_psn at RTS), the answer to the try in flight. As a responder: the
+  // PSN expected next (rq_psn at RTR) and the answers of the last READs and atomics, resent when
+  // a retry of one comes (its first answer was lost).
+  bool wire = false;
+  uint32_t wire_next_psn = 0;
+  std::optional<WireResponse> wire_response;
+  uint32_t wire_expected_psn = 0;
+  std::deque<WireResponse> wire_recent_replies;
 };
 
 // ---- fabric ---------------------------------------------------------------------------------
@@ -252,6 +292,11 @@ struct Fabric {
   uint32_t next_srq_num = 1;
   uint64_t step = 0;
   bool log = false;
+  // Wire mode (VF_FAKE_VERBS_WIRE, wire.cc): this process is one host of a fabric shared with
+  // other processes; it has only that host's devices.
+  bool wire = false;
+  int wire_host = -1;
+  std::string wire_name;
 };
 
 Fabric& fabric();
@@ -308,6 +353,33 @@ void push_recv_completion_locked(Qp* qp, const ibv_wc& wc);
 void move_qp_to_error_locked(Qp* qp);
 void fail_head_locked(Qp* qp, ibv_wc_status status);  // head WR completes in error, QP -> ERR
 void progress_step_locked();  // one deterministic progress step over all QPs
+void complete_recv_error_locked(Qp* qp, const RecvWork& r, ibv_wc_status status);
+// The responder's side of one request: data placed, receive consumed and completed, the answer
+// (with a READ's data or an atomic's old value in `reply`).
+Response respond_locked(Qp* responder, const Request& request, std::vector<uint8_t>* reply);
+// The requester's side: what the answer does to the head WR; true if it finished.
+bool apply_response_locked(Qp* qp, Response response, const std::vector<uint8_t>& reply);
+enum class ScatterResult { kOk, kProtection, kTooLong };
+// SGEs that will be written (a READ's or atomic's target, a responder's receive): each in an MR
+// of `pd` with LOCAL_WRITE, together holding `len` bytes; their host addresses go to `where`.
+ScatterResult check_scatter(Pd* pd, const std::vector<ibv_sge>& sges, size_t len,
+                            std::vector<uint8_t*>* where);
+void scatter(const std::vector<ibv_sge>& sges, const std::vector<uint8_t*>& where,
+             const uint8_t* data, size_t len);
+// [addr, addr+len) of an MR's address space (iova) in host memory, or nullptr.
+uint8_t* translate_mr_range(Mr* mr, uint64_t addr, uint64_t len);
+
+// wire.cc: the fabric between processes.
+constexpr uint64_t kWireRnrDelayNs = 1'000'000;  // an RNR NAK's wait before the retry
+constexpr uint32_t kWireMaxPayload = 64 * 1024;  // per message; more is fatal, never truncated
+void wire_serve_locked();  // part of every progress step in wire mode: datagrams in and out
+void wire_start_locked();  // binds this host's devices and starts the thread that serves them
+// The fabric-wide index of the device holding `gid` when it is a fake device of another host
+// (wire mode only), else -1.
+int wire_device_index_for_gid(const ibv_gid& gid);
+void wire_send_request_locked(Qp* qp, uint32_t psn, int remote_index, const Request& request);
+uint64_t wire_transport_timeout_ns(uint8_t timeout);
+uint64_t wire_now_ns();
 int validate_and_build_send_locked(Qp* qp, const ibv_send_wr* wr, SendWork& out);
 int enqueue_sends_locked(Qp* qp, std::vector<SendWork>&& works);
 void fill_qp_ex_ops(ibv_qp_ex* qpx);

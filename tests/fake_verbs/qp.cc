@@ -232,6 +232,15 @@ FAKE_EXPORT int ibv_modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) {
     // QP starts from the defaults and whoever reconnects it must set them again.
     qp->ece_options = kEceSupportedOptions;
   }
+  // The wire's PSNs (wire.cc) start where the connection's attributes say.
+  if (next == IBV_QPS_RTR) {
+    qp->wire_expected_psn = qp->attr.rq_psn & 0xffffff;
+    qp->wire_recent_replies.clear();
+  }
+  if (next == IBV_QPS_RTS && qp->attr.qp_state == IBV_QPS_RTR) {
+    qp->wire_next_psn = qp->attr.sq_psn & 0xffffff;
+    qp->wire_response.reset();
+  }
   qp->attr.qp_state = next;
   ibqp->state = next;
   if (next == IBV_QPS_SQD && (mask & IBV_QP_EN_SQD_ASYNC_NOTIFY) && attr->en_sqd_async_notify) {

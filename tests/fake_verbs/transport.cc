@@ -45,10 +45,6 @@ bool is_atomic(ibv_wr_opcode op) {
   return op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD;
 }
 
-bool consumes_receive(ibv_wr_opcode op) {
-  return op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_RDMA_WRITE_WITH_IMM;
-}
-
 uint32_t payload_length(const SendWork& w) {
   if (w.is_inline) return uint32_t(w.inline_data.size());
   uint64_t total = 0;
@@ -68,21 +64,6 @@ void complete_send(Qp* qp, const SendWork& w, ibv_wc_status status) {
   push_completion_locked(qp->send_cq, wc);
 }
 
-void complete_recv_error(Qp* qp, const RecvWork& r, ibv_wc_status status) {
-  ibv_wc wc{};
-  wc.wr_id = r.wr_id;
-  wc.status = status;
-  wc.opcode = IBV_WC_RECV;
-  wc.qp_num = qp->shell.qpx.qp_base.qp_num;
-  push_recv_completion_locked(qp, wc);
-}
-
-// Translates [addr, addr+len) of an MR's address space (iova) to host memory, or nullptr.
-uint8_t* translate(Mr* mr, uint64_t addr, uint64_t len) {
-  if (addr < mr->iova || len > mr->length || addr - mr->iova > mr->length - len) return nullptr;
-  return mr->host_addr + (addr - mr->iova);
-}
-
 // Gathers the local payload; false = local protection error.
 bool gather(Qp* qp, const SendWork& w, std::vector<uint8_t>& out) {
   if (w.is_inline) {
@@ -93,70 +74,17 @@ bool gather(Qp* qp, const SendWork& w, std::vector<uint8_t>& out) {
   for (const ibv_sge& s : w.sges) {
     if (s.length == 0) continue;
     Mr* mr = find_mr_by_lkey_locked(qp->pd, s.lkey);
-    uint8_t* p = mr != nullptr ? translate(mr, s.addr, s.length) : nullptr;
+    uint8_t* p = mr != nullptr ? translate_mr_range(mr, s.addr, s.length) : nullptr;
     if (p == nullptr) return false;
     out.insert(out.end(), p, p + s.length);
   }
   return true;
 }
 
-// Validates SGEs that will be written (local READ/atomic targets, or a responder's receive):
-// each must be in an MR of 'pd' with LOCAL_WRITE, and together hold 'len' bytes. Fills 'where'
-// with their host addresses for scatter().
-enum class ScatterResult { kOk, kProtection, kTooLong };
-ScatterResult check_scatter(Pd* pd, const std::vector<ibv_sge>& sges, size_t len,
-                            std::vector<uint8_t*>* where) {
-  size_t room = 0;
-  for (const ibv_sge& s : sges) {
-    if (s.length == 0) {
-      if (where) where->push_back(nullptr);
-      continue;
-    }
-    Mr* mr = find_mr_by_lkey_locked(pd, s.lkey);
-    uint8_t* p = mr != nullptr ? translate(mr, s.addr, s.length) : nullptr;
-    if (p == nullptr || !(mr->access & IBV_ACCESS_LOCAL_WRITE)) return ScatterResult::kProtection;
-    if (where) where->push_back(p);
-    room += s.length;
-  }
-  return room >= len ? ScatterResult::kOk : ScatterResult::kTooLong;
-}
-
-void scatter(const std::vector<ibv_sge>& sges, const std::vector<uint8_t*>& where,
-             const uint8_t* data, size_t len) {
-  for (size_t i = 0; i < sges.size() && len > 0; ++i) {
-    size_t n = sges[i].length < len ? sges[i].length : len;
-    if (n != 0) std::memcpy(where[i], data, n);
-    data += n;
-    len -= n;
-  }
-}
-
 Qp* resolve_remote(Qp* qp, Device** remote_dev) {
   *remote_dev = find_device_by_gid_locked(qp->attr.ah_attr.grh.dgid);
   if (*remote_dev == nullptr) return nullptr;
   return find_qp_locked(*remote_dev, qp->attr.dest_qp_num);
-}
-
-// Remote key check for RDMA/atomic: MR of the responder's PD, access bit on MR and QP, bounds.
-uint8_t* remote_target(Qp* responder, const SendWork& w, uint64_t len, int access_bit) {
-  if (!(responder->attr.qp_access_flags & access_bit)) return nullptr;
-  Mr* mr = find_mr_by_rkey_locked(responder->pd, w.rkey);
-  if (mr == nullptr || !(mr->access & access_bit)) return nullptr;
-  return translate(mr, w.remote_addr, len);
-}
-
-std::deque<RecvWork>& receive_queue_of(Qp* responder) {
-  return responder->srq != nullptr ? responder->srq->receives : responder->recv_queue;
-}
-
-void after_srq_consume(Qp* responder) {
-  Srq* srq = responder->srq;
-  if (srq == nullptr || srq->limit == 0 || srq->receives.size() >= srq->limit) return;
-  srq->limit = 0;  // one-shot, re-armed by ibv_modify_srq(IBV_SRQ_LIMIT)
-  ibv_async_event ev{};
-  ev.event_type = IBV_EVENT_SRQ_LIMIT_REACHED;
-  ev.element.srq = &srq->shell.srq;
-  raise_async_event_locked(responder->ctx, ev);
 }
 
 // One try of the head WR lost on the wire: false while retries remain (it waits for the next
@@ -171,6 +99,108 @@ bool lose_try(Qp* qp, SendWork& w) {
   return true;
 }
 
+Request request_of(Qp* qp, const SendWork& w, const std::vector<uint8_t>& payload) {
+  Request req;
+  req.opcode = w.opcode;
+  req.src_qpn = qp->shell.qpx.qp_base.qp_num;
+  req.solicited = (w.send_flags & IBV_SEND_SOLICITED) != 0;
+  req.imm_data = w.imm_data;
+  req.remote_addr = w.remote_addr;
+  req.rkey = w.rkey;
+  req.compare_add = w.compare_add;
+  req.swap = w.swap;
+  req.length = is_atomic(w.opcode) ? 8 : payload_length(w);
+  req.payload = payload.data();
+  return req;
+}
+
+}  // namespace
+
+// The requester learns what the responder did with its head WR. True if the WR finished (either
+// way), false if it waits (an RNR NAK with retries left, or an acknowledgement lost).
+bool apply_response_locked(Qp* qp, Response response, const std::vector<uint8_t>& reply) {
+  SendWork& w = qp->send_queue.front();
+  Device* local = qp->ctx->device;
+  switch (response) {
+    case Response::kRnrNak:
+      ++w.rnr_naks;
+      ++qp->stats.rnr_naks;
+      if (qp->attr.rnr_retry == 7 || w.rnr_naks <= qp->attr.rnr_retry) return false;
+      fail_head_locked(qp, IBV_WC_RNR_RETRY_EXC_ERR);
+      return true;
+    case Response::kRemAccessErr:
+      fail_head_locked(qp, IBV_WC_REM_ACCESS_ERR);
+      return true;
+    case Response::kRemInvReqErr:
+      fail_head_locked(qp, IBV_WC_REM_INV_REQ_ERR);
+      return true;
+    case Response::kRemOpErr:
+      fail_head_locked(qp, IBV_WC_REM_OP_ERR);
+      return true;
+    case Response::kAck:
+      break;
+  }
+  // A retry of an executed request (its acknowledgement was lost in-process) finds its data
+  // already placed; nothing is checked or written again.
+  if ((w.opcode == IBV_WR_RDMA_READ || is_atomic(w.opcode)) && !w.executed) {
+    // The response lands in the requester's buffers, checked again now: they may have been
+    // deregistered while the request was on the wire.
+    std::vector<uint8_t*> where;
+    if (check_scatter(qp->pd, w.sges, reply.size(), &where) != ScatterResult::kOk) {
+      fail_head_locked(qp, IBV_WC_LOC_PROT_ERR);
+      return true;
+    }
+    scatter(w.sges, where, reply.data(), reply.size());
+  }
+  if (!w.executed) {
+    ++qp->stats.messages_sent;
+    ++local->stats.tx_messages;
+  }
+  if (local->lose_acks > 0 && !qp->wire) {  // executed, its acknowledgement lost: a retry
+    --local->lose_acks;
+    ++local->stats.acks_lost;
+    w.executed = true;
+    return lose_try(qp, w);
+  }
+  SendWork done = std::move(qp->send_queue.front());
+  qp->send_queue.pop_front();
+  complete_send(qp, done, IBV_WC_SUCCESS);
+  return true;
+}
+
+namespace {
+
+// The head WR of a QP whose peer lives in another process (wire.cc carries it): one try is one
+// request datagram; it is lost when no answer comes within the QP's transport timeout (a dead
+// peer process, a dropping or downed device at either end, a peer QP not ready), and resent.
+bool execute_head_over_wire(Qp* qp, SendWork& w, int remote_index,
+                            const std::vector<uint8_t>& payload) {
+  const uint64_t now = wire_now_ns();
+  if (w.wire_sent) {
+    if (qp->wire_response && qp->wire_response->psn == w.psn) {
+      WireResponse got = std::move(*qp->wire_response);
+      qp->wire_response.reset();
+      w.wire_sent = false;
+      if (got.response == Response::kRnrNak) w.wire_retry_at_ns = now + kWireRnrDelayNs;
+      return apply_response_locked(qp, got.response, got.reply);
+    }
+    if (now < w.wire_deadline_ns) return false;
+    w.wire_sent = false;
+    lose_try(qp, w);
+    return true;  // failed (RETRY_EXC_ERR), or pump() calls again and it is resent, data read anew
+  }
+  if (now < w.wire_retry_at_ns) return false;
+  if (!w.psn_assigned) {
+    w.psn = qp->wire_next_psn;
+    qp->wire_next_psn = (qp->wire_next_psn + 1) & 0xffffff;
+    w.psn_assigned = true;
+  }
+  if (!qp->ctx->device->drop) wire_send_request_locked(qp, w.psn, remote_index, request_of(qp, w, payload));
+  w.wire_sent = true;
+  w.wire_deadline_ns = now + wire_transport_timeout_ns(qp->attr.timeout);
+  return false;
+}
+
 // Executes the head WR of 'qp'. Returns true if it finished (either way), false if it must wait.
 bool execute_head(Qp* qp) {
   Fabric& f = fabric();
@@ -180,21 +210,25 @@ bool execute_head(Qp* qp) {
     fail_head_locked(qp, IBV_WC_RETRY_EXC_ERR);
     return true;
   }
-  if (f.step < w.ready_step) {  // injected delay still running
+  Device* remote_dev = nullptr;
+  Qp* r = resolve_remote(qp, &remote_dev);
+  const int wire_index =
+      remote_dev == nullptr ? wire_device_index_for_gid(qp->attr.ah_attr.grh.dgid) : -1;
+  if (f.step < w.ready_step && wire_index < 0) {  // injected delay still running
     // Held on the wire: lost like any packet once either end drops everything.
-    Device* remote_dev = nullptr;
-    resolve_remote(qp, &remote_dev);
     if (local->drop || (remote_dev != nullptr && remote_dev->drop)) return lose_try(qp, w);
     return false;
   }
 
+  // A try on the wire waits for its answer; nothing is read or checked again until it is resent.
+  if (wire_index >= 0 && w.wire_sent) return execute_head_over_wire(qp, w, wire_index, {});
+
   // Local checks first, as hardware does before putting anything on the wire.
   std::vector<uint8_t> payload;
-  std::vector<uint8_t*> local_targets;
   const bool reads_back = w.opcode == IBV_WR_RDMA_READ || is_atomic(w.opcode);
   const size_t length = is_atomic(w.opcode) ? 8 : payload_length(w);
   if (reads_back) {
-    if (check_scatter(qp->pd, w.sges, length, &local_targets) != ScatterResult::kOk) {
+    if (check_scatter(qp->pd, w.sges, length, nullptr) != ScatterResult::kOk) {
       fail_head_locked(qp, IBV_WC_LOC_PROT_ERR);
       return true;
     }
@@ -202,10 +236,13 @@ bool execute_head(Qp* qp) {
     fail_head_locked(qp, IBV_WC_LOC_PROT_ERR);
     return true;
   }
+  if (wire_index >= 0) {
+    qp->wire = true;
+    return execute_head_over_wire(qp, w, wire_index, payload);
+  }
+  qp->wire = false;
 
   // The wire: a dead path looks exactly like packet loss to the requester.
-  Device* remote_dev = nullptr;
-  Qp* r = resolve_remote(qp, &remote_dev);
   ibv_qp_state rstate = r != nullptr ? r->attr.qp_state : IBV_QPS_RESET;
   bool path_alive = remote_dev != nullptr && !local->drop && !remote_dev->drop &&
                     remote_dev->port_up &&
@@ -219,128 +256,12 @@ bool execute_head(Qp* qp) {
       --local->lose_acks;
       return lose_try(qp, w);
     }
-    SendWork done = std::move(qp->send_queue.front());
-    qp->send_queue.pop_front();
-    complete_send(qp, done, IBV_WC_SUCCESS);
-    return true;
+    return apply_response_locked(qp, Response::kAck, w.recorded_reply);
   }
-
-  // Responder.
-  std::deque<RecvWork>& rq = receive_queue_of(r);
-  if (consumes_receive(w.opcode) && rq.empty()) {
-    ++w.rnr_naks;
-    ++qp->stats.rnr_naks;
-    if (qp->attr.rnr_retry == 7 || w.rnr_naks <= qp->attr.rnr_retry) return false;
-    fail_head_locked(qp, IBV_WC_RNR_RETRY_EXC_ERR);
-    return true;
-  }
-
-  uint32_t imm = 0;
-  bool with_imm = false;
-  switch (w.opcode) {
-    case IBV_WR_SEND_WITH_IMM:
-      imm = w.imm_data;
-      with_imm = true;
-      [[fallthrough]];
-    case IBV_WR_SEND: {
-      Pd* rpd = r->srq != nullptr ? r->srq->pd : r->pd;
-      std::vector<uint8_t*> where;
-      ScatterResult sr = check_scatter(rpd, rq.front().sges, payload.size(), &where);
-      if (sr != ScatterResult::kOk) {
-        RecvWork rw = std::move(rq.front());
-        rq.pop_front();
-        complete_recv_error(
-            r, rw, sr == ScatterResult::kTooLong ? IBV_WC_LOC_LEN_ERR : IBV_WC_LOC_PROT_ERR);
-        move_qp_to_error_locked(r);
-        fail_head_locked(
-            qp, sr == ScatterResult::kTooLong ? IBV_WC_REM_INV_REQ_ERR : IBV_WC_REM_OP_ERR);
-        return true;
-      }
-      scatter(rq.front().sges, where, payload.data(), payload.size());
-      break;
-    }
-    case IBV_WR_RDMA_WRITE_WITH_IMM:
-      imm = w.imm_data;
-      with_imm = true;
-      [[fallthrough]];
-    case IBV_WR_RDMA_WRITE: {
-      if (!payload.empty()) {  // zero-length writes carry no rkey check, as on real RC
-        uint8_t* dst = remote_target(r, w, payload.size(), IBV_ACCESS_REMOTE_WRITE);
-        if (dst == nullptr) {
-          fail_head_locked(qp, IBV_WC_REM_ACCESS_ERR);
-          return true;
-        }
-        std::memcpy(dst, payload.data(), payload.size());
-      }
-      break;
-    }
-    case IBV_WR_RDMA_READ: {
-      if (length != 0) {
-        uint8_t* src = remote_target(r, w, length, IBV_ACCESS_REMOTE_READ);
-        if (src == nullptr) {
-          fail_head_locked(qp, IBV_WC_REM_ACCESS_ERR);
-          return true;
-        }
-        scatter(w.sges, local_targets, src, length);
-      }
-      break;
-    }
-    case IBV_WR_ATOMIC_CMP_AND_SWP:
-    case IBV_WR_ATOMIC_FETCH_AND_ADD: {
-      if (w.remote_addr % 8 != 0) {
-        fail_head_locked(qp, IBV_WC_REM_INV_REQ_ERR);
-        return true;
-      }
-      uint8_t* target = remote_target(r, w, 8, IBV_ACCESS_REMOTE_ATOMIC);
-      if (target == nullptr) {
-        fail_head_locked(qp, IBV_WC_REM_ACCESS_ERR);
-        return true;
-      }
-      uint64_t old;
-      std::memcpy(&old, target, 8);
-      uint64_t next = w.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD
-                          ? old + w.compare_add
-                          : (old == w.compare_add ? w.swap : old);
-      std::memcpy(target, &next, 8);
-      scatter(w.sges, local_targets, reinterpret_cast<uint8_t*>(&old), 8);
-      break;
-    }
-    default:
-      fail_head_locked(qp, IBV_WC_LOC_QP_OP_ERR);
-      return true;
-  }
-
-  if (consumes_receive(w.opcode)) {
-    RecvWork rw = std::move(rq.front());
-    rq.pop_front();
-    ibv_wc wc{};
-    wc.wr_id = rw.wr_id;
-    wc.status = IBV_WC_SUCCESS;
-    wc.opcode = w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV;
-    wc.byte_len = uint32_t(payload.size());
-    wc.qp_num = r->shell.qpx.qp_base.qp_num;
-    wc.src_qp = qp->shell.qpx.qp_base.qp_num;
-    if (with_imm) {
-      wc.imm_data = imm;
-      wc.wc_flags |= IBV_WC_WITH_IMM;
-    }
-    if (w.send_flags & IBV_SEND_SOLICITED) wc.wc_flags |= 1u << 31;  // see push_completion_locked
-    push_recv_completion_locked(r, wc);
-    after_srq_consume(r);
-  }
-  ++qp->stats.messages_sent;
-  ++r->stats.messages_received;
-  ++local->stats.tx_messages;
-  ++remote_dev->stats.rx_messages;
-  if (local->lose_acks > 0) {  // executed, its acknowledgement lost: the requester retries
-    --local->lose_acks;
-    w.executed = true;
-    return lose_try(qp, w);
-  }
-  SendWork done = std::move(qp->send_queue.front());
-  qp->send_queue.pop_front();
-  complete_send(qp, done, IBV_WC_SUCCESS);
-  return true;
+  std::vector<uint8_t> reply;
+  const Response response = respond_locked(r, request_of(qp, w, payload), &reply);
+  if (response == Response::kAck) w.recorded_reply = reply;
+  return apply_response_locked(qp, response, reply);
 }
 
 void pump(Qp* qp) {
@@ -349,6 +270,15 @@ void pump(Qp* qp) {
 }
 
 }  // namespace
+
+void complete_recv_error_locked(Qp* qp, const RecvWork& r, ibv_wc_status status) {
+  ibv_wc wc{};
+  wc.wr_id = r.wr_id;
+  wc.status = status;
+  wc.opcode = IBV_WC_RECV;
+  wc.qp_num = qp->shell.qpx.qp_base.qp_num;
+  push_recv_completion_locked(qp, wc);
+}
 
 // Head WR failed: it completes with 'status' (always reported), the QP enters ERR, rest flushes.
 void fail_head_locked(Qp* qp, ibv_wc_status status) {
@@ -372,6 +302,7 @@ void push_recv_completion_locked(Qp* qp, const ibv_wc& wc) {
 void progress_step_locked() {
   Fabric& f = fabric();
   ++f.step;
+  if (f.wire) wire_serve_locked();
   for (Qp* qp : f.qps) {
     while (!qp->late_recv_cqes.empty() && qp->late_recv_cqes.front().first <= f.step) {
       push_completion_locked(qp->recv_cq, qp->late_recv_cqes.front().second);
@@ -396,7 +327,7 @@ void move_qp_to_error_locked(Qp* qp) {
   while (!qp->recv_queue.empty()) {
     RecvWork rw = std::move(qp->recv_queue.front());
     qp->recv_queue.pop_front();
-    complete_recv_error(qp, rw, IBV_WC_WR_FLUSH_ERR);
+    complete_recv_error_locked(qp, rw, IBV_WC_WR_FLUSH_ERR);
   }
 }
 
