@@ -56,7 +56,7 @@ case "$mode" in
   shim)
     grep -q "^PASS scenario" "$work/out.0" || fail "host 0 did not PASS (exit ${status[0]})"
     [ "${status[0]}" -eq 0 ] || fail "host 0 exit status ${status[0]}"
-    if [ "$scenario" = peer_dies ]; then
+    if [[ "$scenario" == peer_dies* ]]; then
       # SIGKILL, seen through timeout(1) as 128 + 9
       [ "${status[1]}" -eq 137 ] || fail "host 1 was to die by SIGKILL, exit status ${status[1]}"
     else
@@ -64,8 +64,8 @@ case "$mode" in
       [ "${status[1]}" -eq 0 ] || fail "host 1 exit status ${status[1]}"
     fi
     want_failover=1
-    case "$scenario" in no_cut|peer_dies) want_failover=0 ;; esac
-    hosts="0 1"; [ "$scenario" = peer_dies ] && hosts=0
+    case "$scenario" in no_cut|peer_dies*) want_failover=0 ;; esac
+    hosts="0 1"; [[ "$scenario" == peer_dies* ]] && hosts=0
     for h in $hosts; do
       qpn=$(sed -n 's/^QPN \([0-9]*\) peer.*/\1/p' "$work/out.$h")
       [ -f "$work/stats.$h.json" ] || fail "host $h's shim wrote no stats file"

@@ -19,8 +19,10 @@
      peer_dies     host 1 kills itself (SIGKILL) at the cut; once it is gone host 0 posts a
                    window and its rail 0 goes down: host 0 must end with the ordinary error (an
                    error completion), no hang, no completion twice, and no SEND of that window
-                   reported delivered. (Host 1 dies before host 0's switch begins; a death
-                   after its shim took the request is not covered.)
+                   reported delivered (host 1 died before host 0's switch began)
+     peer_dies_mid_switch  host 0's rail 0 goes down; host 1's shim switches at its request,
+                   its answer is lost with its session, and host 1 dies before the request comes
+                   again: host 0 ends with the ordinary error, no hang, nothing completed twice
    With the shim, every scenario but peer_dies must PASS and show a failover on both hosts.
    A rendezvous socket (abstract unix, named after the fabric) carries the QP numbers and the
    phase changes, as perftest's TCP exchange does. Every wait is bounded. */
@@ -417,6 +419,20 @@ static void cut(void) {
     fflush(stdout);
     raise(SIGKILL);
   }
+  if (strcmp(g_scenario, "peer_dies_mid_switch") == 0 && g_host == 1) {
+    /* Host 0's shim asks this one to switch; this one does, its answer is lost (its session
+       cut), and it dies before host 0 asks again. */
+    unsigned long over = 0;
+    double until = now_s() + 10;
+    while (g_switches == NULL || g_switches(g_qp->qp_num, &over, NULL) < 0 || over == 0) {
+      int errors = 0;
+      poll_once(&errors);
+      if (g_switches == NULL || now_s() > until) SETUP("host 0's switch did not reach host 1 in 10 s");
+    }
+    printf("cut: host 1 switched at its peer's request, dies before its answer arrives\n");
+    fflush(stdout);
+    raise(SIGKILL);
+  }
   if (g_ack_lost) {
     /* The acknowledgement of the SEND host 1 executed is lost; the cut comes before the retry:
        host 0 never learns that it was delivered. */
@@ -440,7 +456,7 @@ static void cut(void) {
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    fprintf(stderr, "usage: %s no_cut|crossed_cut|one_side_cut|ack_lost_cut|reply_lost|peer_dies 0|1\n", argv[0]);
+    fprintf(stderr, "usage: %s no_cut|crossed_cut|one_side_cut|ack_lost_cut|reply_lost|peer_dies|peer_dies_mid_switch 0|1\n", argv[0]);
     return 2;
   }
   g_scenario = argv[1];
@@ -450,17 +466,19 @@ int main(int argc, char** argv) {
   wait_protected();
   phase('T'); /* both protected: traffic */
   const int cuts = strcmp(g_scenario, "no_cut") != 0;
-  const int dies = strcmp(g_scenario, "peer_dies") == 0;
+  const int dies = strncmp(g_scenario, "peer_dies", 9) == 0;
   int errors = 0, cut_done = !cuts;
   double deadline = now_s() + DEADLINE_S;
   while ((g_completed < N_MESSAGES || g_received < N_MESSAGES) && g_failures == 0) {
     if (!cut_done && g_posted >= N_MESSAGES / 3) {
       /* Both windows empty, then both post a full one and cut: the cut meets work on the wire. */
       drain_window();
-      if (strcmp(g_scenario, "reply_lost") == 0 && g_host == 1) lose_next_reply();
+      if ((strcmp(g_scenario, "reply_lost") == 0 || strcmp(g_scenario, "peer_dies_mid_switch") == 0) &&
+          g_host == 1)
+        lose_next_reply();
       phase('C');
       if (strcmp(g_scenario, "ack_lost_cut") == 0 && g_host == 0) lose_next_ack();
-      if (dies && g_host == 0) wait_peer_gone();
+      if (strcmp(g_scenario, "peer_dies") == 0 && g_host == 0) wait_peer_gone();
       g_burst_first = g_posted;
       while (g_posted < N_MESSAGES && g_posted - g_completed < WINDOW) post_message(g_posted);
       cut();
@@ -482,8 +500,8 @@ int main(int argc, char** argv) {
   if (dies) {
     if (g_failures == 0 && errors == 0) FAIL("the peer died and no error reached the application");
     if (g_failures) return 1;
-    printf("PASS scenario peer_dies: %u SENDs completed (%d error completions), %u received\n",
-           g_completed, errors, g_received);
+    printf("PASS scenario %s: %u SENDs completed (%d error completions), %u received\n",
+           g_scenario, g_completed, errors, g_received);
     return 0;
   }
   if (g_failures == 0) {
