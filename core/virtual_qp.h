@@ -348,7 +348,9 @@ class VirtualQp {
   bool post_one_recv(std::uint64_t position, const ReceiveRecord& record, const ibv_sge* sges,
                      int path);
   bool on_error_completion(CqState& cq, int path, ibv_wc& wc);
-  void translate_standby_error(ibv_wc& wc);
+  // `retire`: the QP is failed for good, so the record of the request or receive is retired
+  // (nothing of it will be replayed or re-posted); else it stays, for the other path.
+  void translate_standby_error(ibv_wc& wc, bool retire);
   // An error completion shown to the application, of a receive this QP took from its SRQ:
   // retires the receive's record (it left the SRQ for good). True when it translated `wc` (a
   // standby receive, now the application's).

@@ -395,7 +395,7 @@ bool VirtualQp::post_pending(bool sends) {
 // ---------------------------------------------------------------- completions
 
 // An error completion of the standby path as the application must see it: its QPN, its wr_id.
-void VirtualQp::translate_standby_error(ibv_wc& wc) {
+void VirtualQp::translate_standby_error(ibv_wc& wc, bool retire) {
   wc.qp_num = vqpn;
   if ((wc.wr_id & kStandbyReceiveTag) && srq != nullptr) {
     std::uint64_t wr_id = 0;
@@ -403,9 +403,18 @@ void VirtualQp::translate_standby_error(ibv_wc& wc) {
     if (srq->application_wr_id(wc.wr_id, &wr_id)) wc.wr_id = wr_id;
     srq->lock().unlock();
   } else if (wc.wr_id & kStandbyReceiveTag) {
-    if (const ReceiveRecord* record = recv_ring_.at(wc.wr_id & ~kStandbyReceiveTag)) {
+    const std::uint64_t position = wc.wr_id & ~kStandbyReceiveTag;
+    if (const ReceiveRecord* record = recv_ring_.at(position)) {
       wc.wr_id = record->wr_id;
+      // A QP flushes its receives in posting order: this one is the oldest.
+      if (retire && position == recv_ring_.oldest_position()) recv_ring_.consume_oldest(wc.wr_id);
     }
+  } else if (retire) {
+    // Failed for good (a QP in ERR flushes whatever is posted to it, for ever): the record, and
+    // those before it, are done with; kept, they would fill the ring and make ibv_post_send
+    // fail with ENOMEM where the application's own QP in ERR keeps flushing.
+    SendRecord record;
+    if (send_ring_.retire_sequence(wc.wr_id, record)) wc.wr_id = record.wr.wr_id;
   } else if (const SendRecord* record = send_ring_.find_sequence(wc.wr_id)) {
     // An error retires nothing: the request may still be replayed on the other path.
     wc.wr_id = record->wr.wr_id;
@@ -423,7 +432,7 @@ bool VirtualQp::on_error_completion(CqState& cq, int p, ibv_wc& wc) {
     // Kept until the switch is done: if it cannot happen, the application gets them after all.
     if (held_errors_.size() < held_errors_.capacity()) {
       HeldError held{&cq, wc, p, wc.wr_id};
-      if (p == kStandby) translate_standby_error(held.wc);
+      if (p == kStandby) translate_standby_error(held.wc, false);
       held_errors_.push_back(held);
     }
     if (!link_error_seen.exchange(true)) {
@@ -447,7 +456,7 @@ bool VirtualQp::on_error_completion(CqState& cq, int p, ibv_wc& wc) {
     g_services.wake_engine();
   }
   if (srq != nullptr && retire_srq_receive_error(cq, p, wc)) return true;
-  if (p == kStandby) translate_standby_error(wc);
+  if (p == kStandby) translate_standby_error(wc, true);
   return true;
 }
 

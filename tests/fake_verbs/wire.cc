@@ -18,6 +18,7 @@
 // then one more each), acknowledges a duplicate again without executing it (a READ's or atomic's
 // recorded answer is resent), and ignores one from the future, as RC does.
 #include <poll.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -28,6 +29,7 @@
 #include <cstring>
 #include <ctime>
 #include <functional>
+#include <new>
 #include <thread>
 
 #include "internal.h"
@@ -263,6 +265,20 @@ void handle_datagram_locked(const uint8_t* bytes, size_t len) {
   }
 }
 
+// fork(): the child has no wire thread, and must neither take its parent's datagrams nor inherit
+// the fabric lock held by a thread that does not exist there (the wire thread takes it every
+// millisecond). So the child leaves the wire (its QPs towards other hosts see a dead path) and
+// gets a fresh lock. The lock is not taken around fork() itself: the shim's own fork handlers
+// take its engine lock, under which its thread calls verbs, and the two orders would deadlock.
+void after_fork_in_child() {
+  Fabric& f = fabric();
+  new (&f.mutex) std::mutex();  // the only thread now; whoever held it is gone
+  for (const auto& [index, fd] : wire().fds) close(fd);
+  wire().fds.clear();
+  wire().queued.clear();
+  f.wire = false;
+}
+
 }  // namespace
 
 void wire_serve_locked() {
@@ -347,6 +363,7 @@ void wire_start_locked() {
     wire().fds[d->index] = fd;
     fds.push_back(pollfd{fd, POLLIN, 0});
   }
+  pthread_atfork(nullptr, nullptr, after_fork_in_child);
   std::thread(serve_forever, std::move(fds)).detach();
   fake_log("wire: fabric '%s', this process is host %d", f.wire_name.c_str(), f.wire_host);
 }

@@ -292,3 +292,24 @@ TEST_CASE("A failed QP the application resets runs on its own QP again", "[engin
   CHECK(g_posts.back().qp == &rig.app_qp);
   CHECK(g_posts.back().wr_id == 0x99);
 }
+
+TEST_CASE("A QP failed for good on the standby takes posts without end, each flushed once, as the "
+          "application's QP in ERR would",
+          "[engine]") {
+  // Without the shim a QP in ERR flushes every request and receive posted to it, for ever; the
+  // shim's rings must not fill up with records of requests that will never be replayed.
+  Rig rig;
+  fail_both_paths(rig, 0x51);
+  for (std::uint64_t i = 0; i < 40; ++i) {  // the rig's queues hold 16 each
+    INFO("post " << i);
+    rig.post_send(0x100 + i);
+    ibv_wc flush = standby_completion(g_posts.back().wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_SEND);
+    REQUIRE(shown_to_application(rig, flush));
+    CHECK(flush.wr_id == 0x100 + i);
+    rig.post_recv(0x200 + i);
+    ibv_wc recv_flush =
+        standby_completion(g_recv_posts.back().wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV);
+    REQUIRE(shown_to_application(rig, recv_flush));
+    CHECK(recv_flush.wr_id == 0x200 + i);
+  }
+}
