@@ -47,6 +47,15 @@ class ReceiveRing {
   // the ring did not expect: the caller logs it and treats the QP as unprotected).
   bool consume_oldest(std::uint64_t wr_id);
 
+  // The receive at `position` and every older one are finished without a message (flushed: the
+  // QP is failed for good, and a receive queue flushes in posting order). Not counted as
+  // delivered. False when nothing is pending at that position.
+  bool retire_through(std::uint64_t position) {
+    if (at(position) == nullptr) return false;
+    head_ = position + 1;
+    return true;
+  }
+
   // The oldest pending receive (its position numbers it on a path that carries the position as
   // wr_id), or nullptr.
   const ReceiveRecord* oldest() const { return head_ == tail_ ? nullptr : &records_[slot_of(head_)]; }

@@ -406,8 +406,9 @@ void VirtualQp::translate_standby_error(ibv_wc& wc, bool retire) {
     const std::uint64_t position = wc.wr_id & ~kStandbyReceiveTag;
     if (const ReceiveRecord* record = recv_ring_.at(position)) {
       wc.wr_id = record->wr_id;
-      // A QP flushes its receives in posting order: this one is the oldest.
-      if (retire && position == recv_ring_.oldest_position()) recv_ring_.consume_oldest(wc.wr_id);
+      // A QP flushes its receives in posting order: older ones are done with too (their flushes
+      // may have been held and shown by release_held_errors, which retires nothing).
+      if (retire) recv_ring_.retire_through(position);
     }
   } else if (retire) {
     // Failed for good (a QP in ERR flushes whatever is posted to it, for ever): the record, and
@@ -456,7 +457,9 @@ bool VirtualQp::on_error_completion(CqState& cq, int p, ibv_wc& wc) {
     g_services.wake_engine();
   }
   if (srq != nullptr && retire_srq_receive_error(cq, p, wc)) return true;
-  if (p == kStandby) translate_standby_error(wc, true);
+  // Retiring through this record would also retire records whose errors are held (hidden while
+  // a switch may still use them): only once none is held (the next flush shown retires them).
+  if (p == kStandby) translate_standby_error(wc, held_errors_.empty());
   return true;
 }
 

@@ -9,7 +9,8 @@
    WRITE is already in place (RC orders them). The sender checks each SEND completes once, in
    order, with success. The cut comes a third of the way in, right after a burst of posts, so
    that work is on the wire:
-     no_cut        nothing is cut (the wire and the checks are sane)
+     no_cut        nothing is cut (the wire and the checks are sane); host 0 forks a child
+                   mid-traffic that calls a verb
      crossed_cut   both hosts take their rail 0 down at once: both shims begin a switch
      one_side_cut  host 0's rail 0 goes down; host 1 learns it from its peer or its own retries
      ack_lost_cut  host 1 executes a request of host 0 whose acknowledgement is lost, then
@@ -40,6 +41,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -392,6 +394,37 @@ static void fence(void) {
   }
 }
 
+/* no_cut on host 0, mid-traffic: a child (a DataLoader worker, say) is forked and calls a verb.
+   It must not hang (the fake's wire thread parks around fork, the shim's handlers run), nor
+   take the parent's traffic: the parent's run goes on, checked to the last byte. */
+static void fork_a_child(void) {
+  pid_t child = fork();
+  if (child < 0) SETUP("fork: %s", strerror(errno));
+  if (child == 0) {
+    int n = 0;
+    struct ibv_device** list = ibv_get_device_list(&n);
+    if (list != NULL) ibv_free_device_list(list);
+    _exit(list != NULL && n == 2 ? 0 : 3);
+  }
+  double until = now_s() + 10;
+  int status = 0;
+  while (waitpid(child, &status, WNOHANG) == 0) {
+    int errors = 0;
+    poll_once(&errors);
+    if (errors > 0) FAIL("an error completion reached the application");
+    if (now_s() > until) {
+      kill(child, SIGKILL);
+      waitpid(child, &status, 0);
+      FAIL("a forked child did not end within 10 s (a verb hung in it)");
+      return;
+    }
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    FAIL("the forked child's verb failed (status 0x%x)", status);
+  else
+    printf("fork: a child called a verb and ended\n");
+}
+
 static int g_ack_lost; /* ack_lost_cut on host 0: the next acknowledgement to fake0 is lost */
 static int (*g_dev_stats)(int, struct fake_verbs_device_stats*);
 static uint64_t g_acks_lost_before;
@@ -467,7 +500,7 @@ int main(int argc, char** argv) {
   phase('T'); /* both protected: traffic */
   const int cuts = strcmp(g_scenario, "no_cut") != 0;
   const int dies = strncmp(g_scenario, "peer_dies", 9) == 0;
-  int errors = 0, cut_done = !cuts;
+  int errors = 0, cut_done = !cuts, forked = 0;
   double deadline = now_s() + DEADLINE_S;
   while ((g_completed < N_MESSAGES || g_received < N_MESSAGES) && g_failures == 0) {
     if (!cut_done && g_posted >= N_MESSAGES / 3) {
@@ -488,6 +521,10 @@ int main(int argc, char** argv) {
            (cut_done || g_posted < N_MESSAGES / 3))
       post_message(g_posted);
     poll_once(&errors);
+    if (!cuts && g_host == 0 && !forked && g_posted >= N_MESSAGES / 2) {
+      fork_a_child();
+      forked = 1;
+    }
     if (!dies && peer_ended()) FAIL("the peer process ended before the traffic did");
     if (errors > 0 && !dies) FAIL("an error completion reached the application");
     if (dies && errors > 0 && g_completed == g_posted) break; /* the survivor's ordinary end */

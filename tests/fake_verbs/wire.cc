@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -255,28 +256,64 @@ void handle_datagram_locked(const uint8_t* bytes, size_t len) {
   }
 }
 
+
+// fork(): the wire thread takes the fabric lock every millisecond, and a child inheriting it
+// held would deadlock on its first verb. Around fork() the thread is parked outside the lock
+// (the fabric lock itself is not taken there: the shim's fork handlers take its engine lock,
+// under which its thread calls verbs, and the two orders could deadlock). The child, which has
+// no wire thread, leaves the wire: its QPs towards other hosts see a dead path, and it never
+// takes its parent's datagrams.
+struct Parking {
+  std::mutex mutex;
+  std::condition_variable changed;
+  bool requested = false;
+  bool parked = false;
+};
+Parking& parking() {
+  static Parking* instance = new Parking();
+  return *instance;
+}
+void park_if_asked() {
+  Parking& p = parking();
+  std::unique_lock lock(p.mutex);
+  if (!p.requested) return;
+  p.parked = true;
+  p.changed.notify_all();
+  p.changed.wait(lock, [&] { return !p.requested; });
+  p.parked = false;
+}
+void before_fork() {
+  Parking& p = parking();
+  std::unique_lock lock(p.mutex);
+  p.requested = true;
+  p.changed.wait(lock, [&] { return p.parked; });  // within a millisecond: poll()'s timeout
+}
+void after_fork_in_parent() {
+  Parking& p = parking();
+  {
+    std::lock_guard lock(p.mutex);
+    p.requested = false;
+  }
+  p.changed.notify_all();
+}
+void after_fork_in_child() {
+  new (&parking()) Parking();  // the parked thread is not in the child
+  Fabric& f = fabric();
+  for (const auto& [index, fd] : wire().fds) close(fd);
+  wire().fds.clear();
+  wire().queued.clear();
+  f.wire = false;
+}
+
 // The thread that stands for the NICs while nobody calls a verb: it waits for a datagram or the
 // next millisecond, then runs a progress step (which serves the wire, wire_serve_locked).
 [[noreturn]] void serve_forever(std::vector<pollfd> fds) {
   for (;;) {
     poll(fds.data(), nfds_t(fds.size()), 1);
+    park_if_asked();
     auto lock = fabric_lock();
     progress_step_locked();
   }
-}
-
-// fork(): the child has no wire thread, and must neither take its parent's datagrams nor inherit
-// the fabric lock held by a thread that does not exist there (the wire thread takes it every
-// millisecond). So the child leaves the wire (its QPs towards other hosts see a dead path) and
-// gets a fresh lock. The lock is not taken around fork() itself: the shim's own fork handlers
-// take its engine lock, under which its thread calls verbs, and the two orders would deadlock.
-void after_fork_in_child() {
-  Fabric& f = fabric();
-  new (&f.mutex) std::mutex();  // the only thread now; whoever held it is gone
-  for (const auto& [index, fd] : wire().fds) close(fd);
-  wire().fds.clear();
-  wire().queued.clear();
-  f.wire = false;
 }
 
 }  // namespace
@@ -363,7 +400,7 @@ void wire_start_locked() {
     wire().fds[d->index] = fd;
     fds.push_back(pollfd{fd, POLLIN, 0});
   }
-  pthread_atfork(nullptr, nullptr, after_fork_in_child);
+  pthread_atfork(before_fork, after_fork_in_parent, after_fork_in_child);
   std::thread(serve_forever, std::move(fds)).detach();
   fake_log("wire: fabric '%s', this process is host %d", f.wire_name.c_str(), f.wire_host);
 }

@@ -4,6 +4,7 @@
 // shim: a path that heals later is neither re-armed nor switched to, nothing is replayed, and no
 // wr_id completes a second time.
 #include "core/datapath_registries.h"
+#include "core/failover/path_wait.h"
 #include "core/failover/periodic_work.h"
 #include "tests/unit/engine_rig.h"
 
@@ -58,6 +59,25 @@ void fail_both_paths(Rig& rig, std::uint64_t wr_id) {
   rig.post_send(wr_id);
   ibv_wc error = standby_completion(g_posts[0].wr_id, IBV_WC_RETRY_EXC_ERR, IBV_WC_SEND);
   REQUIRE(shown_to_application(rig, error));
+}
+
+// A QP failed for good on the standby: 40 requests and 40 receives (the rig's queues hold 16
+// each) are each taken and flushed once, with the application's wr_id, as on its QP in ERR.
+void posts_flush_without_end(Rig& rig) {
+  for (std::uint64_t i = 0; i < 40; ++i) {  // the rig's queues hold 16 each
+    INFO("post " << i);
+    rig.post_send(0x100 + i);
+    ibv_wc flush = standby_completion(g_posts.back().wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_SEND);
+    REQUIRE(shown_to_application(rig, flush));
+    CHECK(flush.wr_id == 0x100 + i);
+    const std::size_t receives = g_recv_posts.size();
+    rig.post_recv(0x200 + i);
+    REQUIRE(g_recv_posts.size() == receives + 1);
+    ibv_wc recv_flush =
+        standby_completion(g_recv_posts.back().wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV);
+    REQUIRE(shown_to_application(rig, recv_flush));
+    CHECK(recv_flush.wr_id == 0x200 + i);
+  }
 }
 
 }  // namespace
@@ -300,16 +320,35 @@ TEST_CASE("A QP failed for good on the standby takes posts without end, each flu
   // shim's rings must not fill up with records of requests that will never be replayed.
   Rig rig;
   fail_both_paths(rig, 0x51);
-  for (std::uint64_t i = 0; i < 40; ++i) {  // the rig's queues hold 16 each
-    INFO("post " << i);
-    rig.post_send(0x100 + i);
-    ibv_wc flush = standby_completion(g_posts.back().wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_SEND);
-    REQUIRE(shown_to_application(rig, flush));
-    CHECK(flush.wr_id == 0x100 + i);
-    rig.post_recv(0x200 + i);
-    ibv_wc recv_flush =
-        standby_completion(g_recv_posts.back().wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV);
-    REQUIRE(shown_to_application(rig, recv_flush));
-    CHECK(recv_flush.wr_id == 0x200 + i);
-  }
+  posts_flush_without_end(rig);
+}
+
+TEST_CASE("A QP failed for good after a wait whose flushes were held still takes posts without end",
+          "[engine]") {
+  // The flushes held during the wait are shown when the grace runs out (release_held_errors
+  // retires nothing): the flushes shown after them must retire those records too.
+  Rig rig;
+  rig.e->grace_ns = 5'000'000'000;
+  rig.e->port_stable_ns = 0;
+  fail_over_with_primary_down(rig);
+  vf::failover::periodic_work(*rig.e);
+  REQUIRE(rig.v->errors_wait_for_path.load());  // the primary may come back within the grace
+  rig.post_recv(0x71);
+  rig.post_send(0x51);
+  ibv_wc send_error = standby_completion(g_posts.back().wr_id, IBV_WC_RETRY_EXC_ERR, IBV_WC_SEND);
+  CHECK_FALSE(shown_to_application(rig, send_error));
+  ibv_wc held_flush =
+      standby_completion(g_recv_posts.back().wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV);
+  CHECK_FALSE(shown_to_application(rig, held_flush));
+  vf::failover::periodic_work(*rig.e);
+  REQUIRE(rig.p->path_wait.active);
+  rig.p->path_wait.until_ns = 1;
+  vf::failover::periodic_work(*rig.e);
+  REQUIRE(rig.v->application_failed.load());
+  // A real provider takes receives on a QP in ERR, and flushes them; the rig refuses them (it
+  // keeps drain markers out of its tests) unless the QP's last move was to another state.
+  ibv_qp_attr rts{};
+  rts.qp_state = IBV_QPS_RTS;
+  g_modifies.push_back({&rig.standby_qp, IBV_QPS_RTS, IBV_QP_STATE, rts});
+  posts_flush_without_end(rig);
 }
