@@ -14,6 +14,10 @@ struct VerbsApi {
   int (*query_device)(ibv_context* context, ibv_device_attr* attr) = nullptr;
   int (*query_port)(ibv_context* context, uint8_t port, ibv_port_attr* attr) = nullptr;
   int (*query_gid)(ibv_context* context, uint8_t port, int index, ibv_gid* gid) = nullptr;
+  // The GID's type (IBV_GID_TYPE_IB, _ROCE_V1, _ROCE_V2) at an index, 0 or an errno; nullptr
+  // where libibverbs has no ibv_query_gid_ex (before rdma-core 32): types unknown. A NIC with
+  // RoCE v1 and v2 lists every address twice, once per type, the v1 entry first.
+  int (*query_gid_type)(ibv_context* context, uint8_t port, int index, int* type) = nullptr;
   ibv_pd* (*alloc_pd)(ibv_context* context) = nullptr;
   int (*dealloc_pd)(ibv_pd* pd) = nullptr;
   ibv_mr* (*reg_mr_iova2)(ibv_pd* pd, void* addr, size_t length, uint64_t iova,

@@ -172,6 +172,7 @@ struct PhysicalPath {
   std::uint8_t port = 1;
   int gid_index = 0;
   Gid gid{};
+  int gid_type = -1;      // IBV_GID_TYPE_* of the GID at gid_index; -1 unknown
   std::uint32_t psn = 0;  // this QP's send PSN
   // Towards the peer's QP on the same path: in RTS, or (the standby only) in RTR until the
   // application's own RTS (Protection::standby_rts_pending). Both flags are written by the engine

@@ -30,6 +30,15 @@ int real_query_gid(ibv_context* context, uint8_t port, int index, ibv_gid* gid) 
   return real_verbs().ibv_query_gid(context, port, index, gid);
 }
 
+int real_query_gid_type(ibv_context* context, uint8_t port, int index, int* type) {
+  if (real_verbs()._ibv_query_gid_ex == nullptr) return EOPNOTSUPP;
+  ibv_gid_entry entry{};
+  const int result = real_verbs()._ibv_query_gid_ex(context, port, static_cast<uint32_t>(index),
+                                                    &entry, 0, sizeof entry);
+  if (result == 0) *type = static_cast<int>(entry.gid_type);
+  return result;
+}
+
 ibv_mr* real_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64_t iova,
                           unsigned int access) {
   if (real_verbs().ibv_reg_mr_iova2 != nullptr) {
@@ -54,6 +63,7 @@ void configure_failover(const Config& config) {
   verbs.query_device = real.ibv_query_device;
   verbs.query_port = inline_query_port;
   verbs.query_gid = real_query_gid;
+  verbs.query_gid_type = real_query_gid_type;
   verbs.alloc_pd = real.ibv_alloc_pd;
   verbs.dealloc_pd = real.ibv_dealloc_pd;
   verbs.reg_mr_iova2 = real_reg_mr_iova2;

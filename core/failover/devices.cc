@@ -45,27 +45,64 @@ std::string gid_text(const Gid& gid) {
   return text;
 }
 
-int standby_gid_index(Engine& e, int device, std::uint8_t port, Gid* gid) {
-  int fallback = -1;
-  Gid fallback_gid{};
-  for (int index = 0; index < kMaxGidScan; ++index) {
+namespace {
+
+bool is_zero(const Gid& gid) {
+  return std::all_of(gid.begin(), gid.end(), [](std::uint8_t b) { return b == 0; });
+}
+
+// Slots to search: the port's gid_tbl_len, at most kMaxGidScan (unknown: kMaxGidScan, the scan
+// then ends at the first index the device refuses).
+int gid_slots(Engine& e, int device, std::uint8_t port) {
+  ibv_port_attr attr{};
+  if (e.verbs.query_port(e.devices[device].context, port, &attr) == 0 && attr.gid_tbl_len > 0) {
+    return std::min(attr.gid_tbl_len, kMaxGidScan);
+  }
+  return kMaxGidScan;
+}
+
+}  // namespace
+
+int gid_type_at(Engine& e, int device, std::uint8_t port, int index) {
+  int type = -1;
+  if (e.verbs.query_gid_type == nullptr ||
+      e.verbs.query_gid_type(e.devices[device].context, port, index, &type) != 0) {
+    return -1;
+  }
+  return type;
+}
+
+int standby_gid_index(Engine& e, int device, std::uint8_t port, Gid* gid, int* type) {
+  int ipv4 = -1;  // the first IPv4-mapped GID, whatever its type
+  int any = -1;   // the first GID at all
+  Gid ipv4_gid{}, any_gid{};
+  const int slots = gid_slots(e, device, port);
+  for (int index = 0; index < slots; ++index) {
     ibv_gid raw{};
     if (e.verbs.query_gid(e.devices[device].context, port, index, &raw) != 0) break;
     const Gid candidate = gid_of(raw);
-    if (std::all_of(candidate.begin(), candidate.end(), [](std::uint8_t b) { return b == 0; })) {
-      continue;
-    }
+    if (is_zero(candidate)) continue;  // an empty slot
     if (ipv4_of_gid(candidate) != 0) {
-      *gid = candidate;
-      return index;
-    }
-    if (fallback < 0) {
-      fallback = index;
-      fallback_gid = candidate;
+      const int candidate_type = gid_type_at(e, device, port, index);
+      if (candidate_type == IBV_GID_TYPE_ROCE_V2 || candidate_type < 0) {
+        *gid = candidate;
+        if (type != nullptr) *type = candidate_type;
+        return index;
+      }
+      if (ipv4 < 0) {
+        ipv4 = index;
+        ipv4_gid = candidate;
+      }
+    } else if (any < 0) {
+      any = index;
+      any_gid = candidate;
     }
   }
-  *gid = fallback_gid;
-  return fallback < 0 ? 0 : fallback;
+  const int chosen = ipv4 >= 0 ? ipv4 : any;
+  *gid = ipv4 >= 0 ? ipv4_gid : any_gid;
+  if (chosen < 0) return 0;
+  if (type != nullptr) *type = gid_type_at(e, device, port, chosen);
+  return chosen;
 }
 
 void discover_devices(Engine& e) {
@@ -134,13 +171,31 @@ void discover_devices(Engine& e) {
   }
 }
 
-bool gid_of_port(Engine& e, int device, std::uint8_t port, const Gid& gid) {
-  for (int index = 0; index < kMaxGidScan; ++index) {
-    ibv_gid raw{};
-    if (e.verbs.query_gid(e.devices[device].context, port, index, &raw) != 0) return false;
-    if (gid_of(raw) == gid) return true;
+int gid_index_of(Engine& e, int device, std::uint8_t port, const Gid& gid, int type, int hint) {
+  if (is_zero(gid)) return -1;  // what an empty slot reads as: never "found"
+  const auto matches = [&](int index, const ibv_gid& raw) {
+    if (gid_of(raw) != gid) return false;
+    if (type < 0) return true;
+    const int found = gid_type_at(e, device, port, index);
+    return found < 0 || found == type;
+  };
+  ibv_gid raw{};
+  // Where it was, first: on a NIC with RoCE v1 and v2 the same address is in two slots, and the
+  // first match would be the v1 one.
+  if (hint >= 0 && hint < kMaxGidScan &&
+      e.verbs.query_gid(e.devices[device].context, port, hint, &raw) == 0 && matches(hint, raw)) {
+    return hint;
   }
-  return false;
+  const int slots = gid_slots(e, device, port);
+  for (int index = 0; index < slots; ++index) {
+    if (e.verbs.query_gid(e.devices[device].context, port, index, &raw) != 0) return -1;
+    if (matches(index, raw)) return index;
+  }
+  return -1;
+}
+
+bool gid_of_port(Engine& e, int device, std::uint8_t port, const Gid& gid) {
+  return gid_index_of(e, device, port, gid) >= 0;
 }
 
 bool port_active(Engine& e, int device, std::uint8_t port) {

@@ -21,7 +21,11 @@ constexpr std::uint64_t kPairingAnswerTimeoutNs = 2'000'000'000;
 // previous request is not mistaken for the answer to the new one. Tests may lengthen it
 // (verbs_failover_debug_set_rearm_retry_ms) to prove that something does not wait for it.
 constexpr std::uint64_t kRearmRetryNs = 5'000'000'000;
-constexpr int kMaxGidScan = 16;
+// GID table slots searched: a port's gid_tbl_len (rxe has 1024), at most this many, as an
+// address vector's sgid_index is 8 bits. A NIC with RoCE v1 and v2 takes two slots per address,
+// and VLAN or macvlan devices add theirs to the port's table: 16 fill quickly.
+constexpr int kMaxGidScan = 256;
+static_assert(kMaxGidScan <= 256, "ibv_global_route::sgid_index is a uint8_t");
 constexpr int kPairingRounds = 6;
 constexpr std::uint64_t kSwitchAnswerTimeoutNs = 10'000'000'000;
 // A switch request unanswered for this long is sent again (same epoch, same count), until the

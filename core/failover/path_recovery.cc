@@ -149,7 +149,12 @@ void handle_rearm(Engine& e, const vf::Rearm& message) {
     } else {
       VF_LOG_WARN("qp {}: connecting the {} path to the peer's answer failed: {}", v.vqpn,
                   path_name(path), failure.text());
+      // Asked again at the re-arm retry, not at the next pass: the cause (a GID gone, a route)
+      // does not go away in milliseconds. The peer, which connected its end and counts the path
+      // restored, hears that it is not.
       p->rearm[path].awaiting = false;
+      p->rearm[path].not_before_ns = monotonic_ns() + e.rearm_retry_ns;
+      send_path_status(e, *p, path, false);
     }
     return;
   }
@@ -200,6 +205,18 @@ void maybe_rearm(Engine& e, Protection& p, int path) {
     return;
   }
   if (rearm.awaiting && now < rearm.sent_ns + e.rearm_retry_ns) return;
+  if (now < rearm.not_before_ns) return;
+  // Its own GID must be in the table (an address removed and not added again yet): asked now,
+  // the peer would connect its end to a path this end cannot connect (issue 20 item 4).
+  if (StepFailure failure; !refresh_gid_index(e, p, path, failure)) {
+    if (!rearm.gid_wait_logged) {
+      VF_LOG_WARN("qp {}: the {} path is not re-armed yet: {}", v.vqpn, path_name(path),
+                  failure.text());
+      rearm.gid_wait_logged = true;
+    }
+    rearm.not_before_ns = now + e.rearm_retry_ns;
+    return;
+  }
   v.path[path].psn = random_psn();
   v.path[path].connected = false;  // in RESET/INIT until connected again: no switch may go there
   StepFailure failure;

@@ -58,6 +58,11 @@ struct RearmState {
   std::uint32_t answered_nonce = 0;
   std::uint32_t seen_nonce = 0;      // answerer: of the latest request that arrived at all
   std::uint64_t notice_sent_ns = 0;  // answerer: when it last said its port is back
+  // Asker: no request before this (its own end could not be connected: its GID gone, or the
+  // peer's answer refused), so a path that cannot come back is asked at the re-arm retry, not
+  // at every engine pass; and whether the missing GID was logged.
+  std::uint64_t not_before_ns = 0;
+  bool gid_wait_logged = false;
 };
 
 // A path that failed silently (link-class error completions, its port still ACTIVE: a cut beyond

@@ -106,8 +106,9 @@ void qp_created(Engine& e, ibv_qp* qp, const ibv_qp_init_attr_ex& attr) {
   v->path[kStandby].qp = standby;
   v->path[kStandby].device_index = backup;
   v->path[kStandby].port = d.ports[1].backup_port;
-  v->path[kStandby].gid_index =
-      standby_gid_index(e, backup, v->path[kStandby].port, &v->path[kStandby].gid);
+  v->path[kStandby].gid_index = standby_gid_index(e, backup, v->path[kStandby].port,
+                                                  &v->path[kStandby].gid,
+                                                  &v->path[kStandby].gid_type);
   v->path[kStandby].psn = random_psn();
   if (!to_reset_and_init(e, standby, v->path[kStandby].port, kFullAccess, false)) {
     e.verbs.destroy_qp(standby);
@@ -251,6 +252,10 @@ int modify_app_qp(Engine& e, VirtualQp* v, ibv_qp* qp, ibv_qp_attr* attr, int ma
                             v->path[kPrimary].port, gid_index, &gid) == 0) {
         v->path[kPrimary].gid = gid_of(gid);
         v->path[kPrimary].gid_index = gid_index;
+        // Its type too: a re-arm after the GID moved looks for the same address of the same
+        // type (RoCE v1 and v2 entries share the value).
+        v->path[kPrimary].gid_type =
+            gid_type_at(e, v->path[kPrimary].device_index, v->path[kPrimary].port, gid_index);
       }
       p.local = QpKey{qp->qp_num, v->path[kPrimary].gid};
       if (mask & IBV_QP_DEST_QPN) {

@@ -14,6 +14,31 @@
 
 namespace vf::failover {
 
+bool refresh_gid_index(Engine& e, Protection& p, int path, StepFailure& failure) {
+  PhysicalPath& physical = p.qp->path[path];
+  // Not known (the device did not say at the application's RTR): the index of before.
+  if (std::all_of(physical.gid.begin(), physical.gid.end(), [](std::uint8_t b) { return b == 0; }))
+    return true;
+  const Device& device = e.devices[physical.device_index];
+  const int index = gid_index_of(e, physical.device_index, physical.port, physical.gid,
+                                 physical.gid_type, physical.gid_index);
+  if (index < 0) {
+    failure = {fmt::format("finding its own GID {} in the GID table of {}/{} (its address is "
+                           "gone; the path waits until it is back)",
+                           gid_text(physical.gid), device.name, physical.port),
+               ENODATA};
+    return false;
+  }
+  if (index != physical.gid_index) {
+    VF_LOG_INFO("qp {}: the {} path's GID {} moved from index {} to {} on {}/{} (its address was "
+                "added again); it is re-connected with the new index",
+                p.qp->vqpn, path_name(path), gid_text(physical.gid), physical.gid_index, index,
+                device.name, physical.port);
+    physical.gid_index = index;
+  }
+  return true;
+}
+
 namespace {
 
 // ECE options take effect at the QP's modify stages (ibv_set_ece(3)): set before RTR. 0 or errno.
@@ -38,6 +63,11 @@ bool connect_primary(Engine& e, Protection& p, std::uint32_t dest_qpn, std::uint
       failure = {fmt::format("ECE options {:#x}", p.primary_ece.options), result};
       return false;
     }
+  }
+  if ((p.attrs.rtr_mask & IBV_QP_AV) && p.attrs.rtr.ah_attr.is_global) {
+    if (!refresh_gid_index(e, p, kPrimary, failure)) return false;
+    // Kept: the application's later moves and every re-connection use the index found.
+    p.attrs.rtr.ah_attr.grh.sgid_index = static_cast<std::uint8_t>(v.path[kPrimary].gid_index);
   }
   ibv_qp_attr attr = p.attrs.rtr;
   attr.qp_state = IBV_QPS_RTR;
@@ -208,6 +238,11 @@ bool connect_standby(Engine& e, Protection& p, std::uint32_t dest_qpn, const Gid
   link.rq_psn = dest_psn;
   link.sq_psn = standby.psn;
   link.dest_gid = dest_gid;
+  if (StepFailure failure; !refresh_gid_index(e, p, kStandby, failure)) {
+    VF_LOG_WARN("qp {}: standby qp {} cannot connect: {}", p.qp->vqpn, standby.qp->qp_num,
+                failure.text());
+    return false;
+  }
   link.sgid_index = standby.gid_index;
   link.port = standby.port;
   link.rd_atomic =

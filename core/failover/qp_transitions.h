@@ -29,6 +29,16 @@ struct StepFailure {
   int error = 0;     // the provider's errno; 0 when no provider call failed
   std::string text() const;
 };
+
+// A path's own GID where the port's table has it now (the same value and type), kept in
+// PhysicalPath::gid_index. Its index can change under a running job: the kernel numbers RoCE GIDs
+// by slot, and an address removed and added again (a flap handled by a network manager, an
+// operator's repair) takes the first free slot, while the index the path was connected with holds
+// another address or nothing (issue 20 item 4). Re-connecting with the old index fails (ENODATA)
+// or, worse, sends from the wrong address. False, with the reason, while the GID is gone; true
+// and nothing changed when the GID is not known (zero).
+bool refresh_gid_index(Engine& e, Protection& p, int path, StepFailure& failure);
+
 bool to_reset_and_init(Engine& e, ibv_qp* qp, std::uint8_t port, unsigned int access, bool app_qp,
                        StepFailure* failure = nullptr);
 bool to_error(Engine& e, ibv_qp* qp, bool app_qp);

@@ -97,6 +97,7 @@ int g_rereg = 0;          /* --rereg: MRs moved to a second buffer (ibv_rereg_mr
 int g_resize_cq = 0;      /* --resize-cq: CQs created small, ibv_resize_cq'd before traffic */
 int g_ece = 0;            /* --ece: every QP set to ECE_OPTIONS before RTR */
 int g_rxe_flush = 0;      /* --rxe-flush: every device flushes an ERR QP's new receives late */
+int g_gid_changed_on = -1; /* the device whose GID table the scenario changed (-1: none) */
 int g_silent_cut = 0;     /* --silent-cut: the cut drops fake0's packets, no port event */
 int g_rxe_retry = 0;      /* --rxe-retry: retry_cnt 7 retries without end on every device */
 int g_rts_modify = 0;     /* --rts-modify: an RTS -> RTS modify of min_rnr_timer once connected */

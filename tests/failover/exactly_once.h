@@ -47,6 +47,7 @@ struct fake_control {
   int (*set_drop)(int, int);
   int (*set_lose_acks)(int, unsigned);
   int (*set_retry_without_end_at_7)(int, int);
+  int (*move_gid)(int, int, int);
   int (*device_count)(void);
   void (*reset)(void);
 };
@@ -151,6 +152,7 @@ extern int g_ece;
 extern int g_rts_modify;
 extern int g_rxe_flush;
 extern int g_silent_cut;
+extern int g_gid_changed_on; /* the device whose GID table a scenario changed, -1 if none */
 extern int g_rxe_retry;
 extern int g_events;
 
@@ -223,6 +225,7 @@ void do_cut(void);
 
 /* exactly_once_recovery.c */
 void scenario_failback_in_flight(void);
+void scenario_failback_gid_moved(void);
 void scenario_standby_blink(void);
 void scenario_silent_cut_repaired(void);
 

@@ -401,6 +401,7 @@ static const struct scenario kScenarios[] = {
     {"full_sq", scenario_full_sq},
     {"full_sq_after_switch", scenario_full_sq_after_switch},
     {"failback_in_flight", scenario_failback_in_flight},
+    {"failback_gid_moved", scenario_failback_gid_moved},
     {"standby_blink", scenario_standby_blink},
     {"no_cut", scenario_no_cut},
     {"ack_lost", scenario_ack_lost},

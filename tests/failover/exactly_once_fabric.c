@@ -58,6 +58,7 @@ void load_fake_api(void) {
   fv.set_lose_acks = (int (*)(int, unsigned))fake_sym("fake_verbs_set_lose_acks");
   fv.set_retry_without_end_at_7 =
       (int (*)(int, int))fake_sym("fake_verbs_set_retry_without_end_at_7");
+  fv.move_gid = (int (*)(int, int, int))fake_sym("fake_verbs_move_gid");
   fv.device_count = (int (*)(void))fake_sym("fake_verbs_device_count");
   fv.reset = (void (*)(void))fake_sym("fake_verbs_reset");
 }

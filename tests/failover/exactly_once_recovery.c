@@ -11,6 +11,34 @@
 
 #define REARM_RETRY_MS 600000 /* standby_blink: the shim's re-arm retry, far beyond any wait */
 
+/* Rounds of traffic until the primary (fake0, whose counters were f0 before its port came back)
+   carries some again (the failback is the shim's to time, on its own thread). Each round consumes
+   a receive on each side, so rounds are spread over the time bound (a round costs microseconds; a
+   busy machine may not run the shim's thread for milliseconds): between rounds the fake makes
+   progress and this thread yields. */
+static void wait_primary_carries(const struct fake_verbs_device_stats* f0) {
+  const long long deadline = now_ms() + g_timeout_ms;
+  const long long spacing_ms = g_timeout_ms / 40;
+  struct fake_verbs_device_stats now;
+  for (int round = 0;; ++round) {
+    for (const long long next = now_ms() + (round > 0 ? spacing_ms : 0); now_ms() < next;) {
+      fv.progress();
+      fv.dev_stats(0, &now);
+      if (now.tx_messages > f0->tx_messages) break;
+      sched_yield();
+    }
+    post_op(&g_a, IBV_WR_SEND_WITH_IMM, 16, SIG, 0xfb10);
+    post_op(&g_b, IBV_WR_RDMA_WRITE_WITH_IMM, 16, SIG, 0xfb11);
+    if (wait_for(all_done, POLL_BOTH, "traffic after the port came back") != 0) return;
+    fv.dev_stats(0, &now);
+    if (now.tx_messages > f0->tx_messages) break;
+    if (now_ms() > deadline || recvs_left(&g_b) < 4 || recvs_left(&g_a) < 4) {
+      fail("the primary (fake0) carried no traffic after its port came back (no failback)");
+      return;
+    }
+  }
+}
+
 /* Failback with work in flight on the standby: after the failover, WRs held on fake1's wire
    (delay) when fake0 comes back; the shim switches back (docs/design.md §5 "Failback") and
    whatever the standby had not delivered must be carried by the primary exactly once. */
@@ -39,30 +67,29 @@ void scenario_failback_in_flight(void) {
   if (wait_for(all_done, POLL_BOTH, "the WRs in flight on the standby at the failback") != 0)
     return;
   fv.set_delay(1, 0);
-  /* Rounds until the primary carries traffic again (the failback is the shim's to time, on its
-     own thread). Each round consumes a receive on each side, so rounds are spread over the time
-     bound (a round costs microseconds; a busy machine may not run the shim's thread for
-     milliseconds): between rounds the fake makes progress and this thread yields. */
-  const long long deadline = now_ms() + g_timeout_ms;
-  const long long spacing_ms = g_timeout_ms / 40;
-  struct fake_verbs_device_stats now;
-  for (int round = 0;; ++round) {
-    for (const long long next = now_ms() + (round > 0 ? spacing_ms : 0); now_ms() < next;) {
-      fv.progress();
-      fv.dev_stats(0, &now);
-      if (now.tx_messages > f0.tx_messages) break;
-      sched_yield();
-    }
-    post_op(&g_a, IBV_WR_SEND_WITH_IMM, 16, SIG, 0xfb10);
-    post_op(&g_b, IBV_WR_RDMA_WRITE_WITH_IMM, 16, SIG, 0xfb11);
-    if (wait_for(all_done, POLL_BOTH, "traffic after the port came back") != 0) return;
-    fv.dev_stats(0, &now);
-    if (now.tx_messages > f0.tx_messages) break;
-    if (now_ms() > deadline || recvs_left(&g_b) < 4 || recvs_left(&g_a) < 4) {
-      fail("the primary (fake0) carried no traffic after its port came back (no failback)");
-      return;
-    }
-  }
+  wait_primary_carries(&f0);
+}
+
+/* The primary's GID moves while its port is down (issue 20 item 4): fake0's address is removed
+   and added again at another slot (index 1 -> 3), as the kernel does when another address took
+   the old slot or a QP still held it. The re-armed primary must use the index its GID has now:
+   with the old one fake0 refuses the RTR (ENODATA, the slot is empty) and the pair never fails
+   back. */
+void scenario_failback_gid_moved(void) {
+  setup(48, 48);
+  warmup();
+  do_cut();
+  post_op(&g_a, IBV_WR_SEND, 10, SIG, 0);
+  post_op(&g_b, IBV_WR_RDMA_WRITE_WITH_IMM, 40, SIG, 0x9d01);
+  if (wait_for(all_done, POLL_BOTH, "traffic after the cut") != 0) return;
+  printf("gid: fake0's GID moves from index 1 to 3 while its port is down\n");
+  if (fv.move_gid(0, 1, 3) != 0) setup_fail("fake_verbs_move_gid(0, 1, 3)");
+  g_gid_changed_on = 0;
+  printf("EXPECT failback\n");
+  struct fake_verbs_device_stats f0;
+  fv.dev_stats(0, &f0);
+  if (fv.port_up(0) != 0) setup_fail("fake_verbs_port_up(0)");
+  wait_primary_carries(&f0);
 }
 
 /* ------------------------------------------------------------------ standby_blink */

@@ -59,6 +59,18 @@ FAKE_EXPORT int fake_verbs_port_up(int index) {
   return 0;
 }
 
+FAKE_EXPORT int fake_verbs_move_gid(int index, int from, int to) {
+  auto lock = fabric_lock();
+  Device* dev = device_at(index);
+  if (dev == nullptr || from < 0 || from >= kGidTableLen || to < 0 || to >= kGidTableLen) return -1;
+  if (gid_is_empty(dev->gids[from]) || !gid_is_empty(dev->gids[to])) return -1;
+  dev->gids[to] = dev->gids[from];
+  dev->gids[from] = ibv_gid{};
+  fake_log("GID %d of %s moved to index %d (injected)", from, dev->shell.dev.name, to);
+  raise_device_event_locked(dev, IBV_EVENT_GID_CHANGE);
+  return 0;
+}
+
 FAKE_EXPORT int fake_verbs_set_drop(int index, int enabled) {
   auto lock = fabric_lock();
   Device* dev = device_at(index);
@@ -169,6 +181,7 @@ FAKE_EXPORT void fake_verbs_reset(void) {
     dev->flush_on_modify_only = false;
     dev->retry_without_end_at_7 = false;
     dev->stats = DeviceStats{};
+    set_default_gids(*dev);
   }
   for (Qp* qp : fabric().qps) qp->stats = QpStats{};
 }

@@ -145,9 +145,11 @@ FAKE_EXPORT int ibv_query_gid(ibv_context* ctx, uint8_t port, int index, ibv_gid
 FAKE_EXPORT int _ibv_query_gid_ex(ibv_context* ctx, uint32_t port, uint32_t index,
                                   ibv_gid_entry* entry, uint32_t flags, size_t entry_size) {
   if (flags != 0) return EINVAL;
-  if (port != 1 || index >= uint32_t(kGidTableLen)) return ENODATA;
+  if (port != 1 || index >= uint32_t(kGidTableLen)) return EINVAL;  // as the kernel's ioctl
   if (entry_size < sizeof(ibv_gid_entry)) return EINVAL;
   auto lock = fabric_lock();
+  // An empty slot is ENODATA (the kernel's answer); ibv_query_gid gives zeros for it instead.
+  if (gid_is_empty(to_ctx(ctx)->device->gids[index])) return ENODATA;
   std::memset(entry, 0, entry_size);
   entry->gid = to_ctx(ctx)->device->gids[index];
   entry->gid_index = index;
@@ -161,11 +163,15 @@ FAKE_EXPORT ssize_t _ibv_query_gid_table(ibv_context* ctx, ibv_gid_entry* entrie
                                          size_t max_entries, uint32_t flags, size_t entry_size) {
   if (flags != 0 || entry_size < sizeof(ibv_gid_entry)) return -EINVAL;
   if (max_entries < size_t(kGidTableLen)) return -EINVAL;
+  // The valid entries only, each with its own index (as rdma-core's: a table with a hole has
+  // entries whose gid_index is not their position).
+  ssize_t valid = 0;
   for (int i = 0; i < kGidTableLen; ++i) {
-    auto* e = reinterpret_cast<ibv_gid_entry*>(reinterpret_cast<char*>(entries) + i * entry_size);
-    _ibv_query_gid_ex(ctx, 1, uint32_t(i), e, 0, entry_size);
+    auto* e =
+        reinterpret_cast<ibv_gid_entry*>(reinterpret_cast<char*>(entries) + valid * entry_size);
+    if (_ibv_query_gid_ex(ctx, 1, uint32_t(i), e, 0, entry_size) == 0) ++valid;
   }
-  return kGidTableLen;
+  return valid;
 }
 
 FAKE_EXPORT int ibv_query_pkey(ibv_context*, uint8_t port, int index, __be16* pkey) {

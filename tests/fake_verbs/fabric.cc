@@ -70,6 +70,13 @@ void init_device(Device& d, int index) {
   // Paths that cannot exist, so nothing reads real sysfs by mistake.
   std::snprintf(dev.dev_path, sizeof dev.dev_path, "/nonexistent/fake_verbs/uverbs%d", index);
   std::snprintf(dev.ibdev_path, sizeof dev.ibdev_path, "/nonexistent/fake_verbs/fake%d", index);
+  set_default_gids(d);
+}
+
+}  // namespace
+
+void set_default_gids(Device& d) {
+  for (ibv_gid& g : d.gids) g = ibv_gid{};
   // GID 0: link-local fe80::<EUI-64 from GUID>. GID 1: RoCEv2 IPv4-mapped
   // ::ffff:198.18.<rail+1>.<host+1> (198.18.0.0/15 is the benchmarking range, never a real address
   // here).
@@ -85,8 +92,6 @@ void init_device(Device& d, int index) {
   v4.raw[14] = uint8_t(d.rail + 1);
   v4.raw[15] = uint8_t(d.host + 1);
 }
-
-}  // namespace
 
 void ensure_initialized_locked() {
   Fabric& f = fabric();
@@ -129,10 +134,16 @@ std::unique_lock<std::mutex> fabric_lock() {
 }
 
 Device* find_device_by_gid_locked(const ibv_gid& gid) {
+  if (gid_is_empty(gid)) return nullptr;  // no address: it matches no device's empty slot
   for (auto& d : fabric().devices)
     for (const ibv_gid& g : d->gids)
       if (std::memcmp(g.raw, gid.raw, sizeof g.raw) == 0) return d.get();
   return nullptr;
+}
+
+bool gid_is_empty(const ibv_gid& gid) {
+  static const ibv_gid kEmpty{};
+  return std::memcmp(gid.raw, kEmpty.raw, sizeof gid.raw) == 0;
 }
 
 Qp* find_qp_locked(Device* dev, uint32_t qp_num) {

@@ -41,6 +41,13 @@ int fake_verbs_port_down(int device_index);
  * ERR stay there (as on hardware: the application must reset/recreate them). */
 int fake_verbs_port_up(int device_index);
 
+/* The GID at index 'from' moves to the empty slot 'to', as when the kernel removes an address and
+ * adds it again at the first free slot (another address took the old one, or a QP still holds
+ * it): 'from' becomes empty, so a QP moved to RTR, or an address handle made, with that index
+ * fails with ENODATA, while QPs already connected keep working. Every open context of the device
+ * gets IBV_EVENT_GID_CHANGE. Returns 0, or -1 for a bad index, an empty 'from' or a used 'to'. */
+int fake_verbs_move_gid(int device_index, int from, int to);
+
 /* Silent drop on/off: every packet to or from the device vanishes with no port event. Senders
  * count one transport try per progress step and fail with IBV_WC_RETRY_EXC_ERR once tries exceed
  * the QP's retry_cnt (so retry_cnt+1 tries; retry_cnt 0 fails in the posting call's own step).
@@ -110,7 +117,8 @@ struct fake_verbs_device_stats {
 
 int fake_verbs_query_device_stats(int device_index, struct fake_verbs_device_stats* out);
 
-/* Back to defaults: all ports up (no events raised), no drop, no delay, all counters zero.
+/* Back to defaults: all ports up (no events raised), no drop, no delay, all counters zero, the
+ * GID tables as at start.
  * Existing verbs objects are untouched. Tests call it first to be independent of each other. */
 void fake_verbs_reset(void);
 

@@ -76,7 +76,7 @@ struct AhShell {
 
 // ---- devices --------------------------------------------------------------------------------
 
-constexpr int kGidTableLen = 2;
+constexpr int kGidTableLen = 4;  // 0: link-local, 1: IPv4-mapped, 2-3 free (fake_verbs_move_gid)
 // ECE: the fake's vendor id and its two made-up option bits (every fake device supports both; a
 // new QP starts with both, as a real NIC's QP starts with its firmware's defaults).
 constexpr uint32_t kEceVendorId = 0xfa4e;
@@ -346,6 +346,10 @@ Mr* find_mr_by_rkey_locked(Pd* pd, uint32_t rkey);
 void register_mr_locked(Mr* mr);
 void unregister_mr_locked(Mr* mr);
 Device* find_device_by_gid_locked(const ibv_gid& gid);
+// GID 0 link-local, GID 1 the rail's IPv4-mapped address, the rest empty (init and reset).
+void set_default_gids(Device& d);
+// An unused slot of a GID table (all zeros, as rdma-core reports one).
+bool gid_is_empty(const ibv_gid& gid);
 Qp* find_qp_locked(Device* dev, uint32_t qp_num);
 // A completion of the QP's receive queue (success or flush): to its CQ now, or after the
 // device's recv_cqe_delay_steps, never ahead of one still waiting.

@@ -57,6 +57,10 @@ FAKE_EXPORT ibv_ah* ibv_create_ah(ibv_pd* pd, ibv_ah_attr* attr) {
     errno = EINVAL;  // RoCE address handles need a GRH
     return nullptr;
   }
+  if (gid_is_empty(to_pd(pd)->ctx->device->gids[attr->grh.sgid_index])) {
+    errno = ENODATA;  // as ibv_modify_qp: no valid GID in that slot
+    return nullptr;
+  }
   auto* shell = new AhShell();
   shell->ah.context = pd->context;
   shell->ah.pd = pd;

@@ -176,6 +176,10 @@ int validate_modify(Qp* qp, const ibv_qp_attr* attr, int mask) {
       (!attr->ah_attr.is_global || attr->ah_attr.grh.sgid_index >= kGidTableLen ||
        (attr->ah_attr.port_num != 0 && attr->ah_attr.port_num != 1)))
     return EINVAL;  // RoCE: every address vector needs a GRH with a valid source GID
+  // An empty slot of the GID table (its address removed, fake_verbs_move_gid): the kernel's
+  // rdma_get_gid_attr finds no valid entry and the modify fails with ENODATA.
+  if ((mask & IBV_QP_AV) && gid_is_empty(qp->ctx->device->gids[attr->ah_attr.grh.sgid_index]))
+    return ENODATA;
   if ((mask & IBV_QP_RETRY_CNT) && attr->retry_cnt > 7) return EINVAL;
   if ((mask & IBV_QP_RNR_RETRY) && attr->rnr_retry > 7) return EINVAL;
   if ((mask & IBV_QP_PATH_MTU) && (attr->path_mtu < IBV_MTU_256 || attr->path_mtu > IBV_MTU_4096))

@@ -265,6 +265,35 @@ TEST_CASE("An RNR timer tuned during a switch away from the standby is not sent 
   CHECK(rig.p->attrs.rts.min_rnr_timer == 20);  // kept for the next connection
 }
 
+namespace {
+
+// What the shim logs at warn level or above while action runs.
+template <typename Action>
+std::string warnings_of(Action&& action) {
+  char name[] = "/tmp/vf-engine-log-XXXXXX";
+  close(mkstemp(name));
+  REQUIRE(vf::log_configure(vf::LogLevel::kWarn, name).empty());
+  action();
+  vf::log_reset_for_tests();
+  std::ifstream in(name);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  unlink(name);
+  return text;
+}
+
+// The peer's port went down: traffic on the standby, the primary to re-arm, nothing sent or
+// modified yet.
+void to_standby_primary_to_rearm(Rig& rig) {
+  rig.deliver(rig.request_from_peer(1));  // traffic on the standby, the primary to re-arm
+  REQUIRE(rig.v->active_path() == vf::kStandby);
+  rig.v->path[vf::kPrimary].failed = true;
+  rig.p->rearm[vf::kPrimary].needed = true;
+  rig.e->local_inbox.clear();
+  g_modifies.clear();
+}
+
+}  // namespace
+
 // Issue 20: "re-connecting the primary path failed" said neither which step failed nor why (a
 // lab flap left it five times in a row, with nothing to go on). The line names the step, the
 // provider's errno and where the RTR pointed.
@@ -275,20 +304,17 @@ TEST_CASE("A re-arm of the primary that the provider refuses says which step and
   rig.p->attrs.rtr.ah_attr.is_global = 1;
   rig.p->attrs.rtr.ah_attr.grh.sgid_index = 3;
   rig.p->attrs.rtr_mask = IBV_QP_AV;
+  g_gid_tables[0][0] = {};
+  g_gid_tables[0][3] = gid(1);  // the application's GID is at index 3
+  rig.v->path[vf::kPrimary].gid_index = 3;
   rig.deliver(rig.request_from_peer(1));  // traffic on the standby, the primary to re-arm
   REQUIRE(rig.v->active_path() == vf::kStandby);
   rig.v->path[vf::kPrimary].failed = true;
   rig.p->rearm[vf::kPrimary].needed = true;
   g_refused_qp = &rig.app_qp;
   g_refused_state = IBV_QPS_RTR;
-  char name[] = "/tmp/vf-rearm-log-XXXXXX";
-  close(mkstemp(name));
-  REQUIRE(vf::log_configure(vf::LogLevel::kWarn, name).empty());
-  vf::failover::handle_rearm(*rig.e, rig.rearm_from_peer(vf::kPrimary, 1));
-  vf::log_reset_for_tests();
-  std::ifstream in(name);
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  unlink(name);
+  const std::string text = warnings_of(
+      [&] { vf::failover::handle_rearm(*rig.e, rig.rearm_from_peer(vf::kPrimary, 1)); });
   CHECK_THAT(text, Catch::Contains("re-connecting the primary path failed: RTR"));
   CHECK_THAT(text, Catch::Contains("Invalid argument"));
   CHECK_THAT(text, Catch::Contains("peer's qp 33"));
@@ -306,12 +332,7 @@ TEST_CASE("A primary the application left in RTR is re-armed to RTR", "[engine]"
   rig.p->attrs = {};
   rig.p->attrs.have_init = rig.p->attrs.have_rtr = true;
   rig.p->attrs.rtr_mask = IBV_QP_AV | IBV_QP_PATH_MTU;
-  rig.deliver(rig.request_from_peer(1));  // traffic on the standby, the primary to re-arm
-  REQUIRE(rig.v->active_path() == vf::kStandby);
-  rig.v->path[vf::kPrimary].failed = true;
-  rig.p->rearm[vf::kPrimary].needed = true;
-  rig.e->local_inbox.clear();
-  g_modifies.clear();
+  to_standby_primary_to_rearm(rig);
   vf::failover::handle_rearm(*rig.e, rig.rearm_from_peer(vf::kPrimary, 1));
   REQUIRE(rig.sent<vf::Rearm>().size() == 1);  // answered: the path is back
   CHECK(rig.sent<vf::Rearm>()[0].is_reply);
@@ -320,4 +341,184 @@ TEST_CASE("A primary the application left in RTR is re-armed to RTR", "[engine]"
   CHECK(g_modifies.back().state == IBV_QPS_RTR);
   CHECK(rig.v->path[vf::kPrimary].connected);
   CHECK_FALSE(rig.v->path[vf::kPrimary].failed);
+}
+
+// Issue 20 item 4: a RoCE GID's index can change while the path is down (its address removed and
+// added again takes the first free slot). The re-arm looks the path's own GID up again and
+// connects with the index it has now; with the index of before, the provider refuses the RTR
+// (ENODATA, an empty slot) or the QP sends from another address, and the pair never fails back.
+namespace {
+
+void primary_to_rearm(Rig& rig) {
+  rig.p->attrs.have_init = rig.p->attrs.have_rtr = rig.p->attrs.have_rts = true;
+  rig.p->attrs.rtr.ah_attr.is_global = 1;
+  rig.p->attrs.rtr.ah_attr.grh.sgid_index = 0;
+  rig.p->attrs.rtr_mask = IBV_QP_AV;
+  to_standby_primary_to_rearm(rig);
+}
+
+// The last move of qp to RTR, or null.
+const ModifyCall* last_rtr(const ibv_qp* qp) {
+  for (auto call = g_modifies.rbegin(); call != g_modifies.rend(); ++call) {
+    if (call->qp == qp && call->state == IBV_QPS_RTR) return &*call;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+TEST_CASE("A primary whose GID moved to another index is re-armed with the new index",
+          "[engine]") {
+  Rig rig;
+  primary_to_rearm(rig);
+  g_gid_tables[0][0] = gid(9);  // another address took the old slot
+  g_gid_tables[0][2] = gid(1);
+  vf::failover::handle_rearm(*rig.e, rig.rearm_from_peer(vf::kPrimary, 1));
+  REQUIRE(rig.sent<vf::Rearm>().size() == 1);  // answered: the path is back
+  const ModifyCall* rtr = last_rtr(&rig.app_qp);
+  REQUIRE(rtr != nullptr);
+  CHECK(rtr->attr.ah_attr.grh.sgid_index == 2);
+  CHECK(rig.v->path[vf::kPrimary].gid_index == 2);
+  CHECK(rig.p->attrs.rtr.ah_attr.grh.sgid_index == 2);  // kept for the next re-connection
+  CHECK(rig.v->path[vf::kPrimary].connected);
+}
+
+TEST_CASE("A primary whose GID is gone waits for it, says why, and uses it once it is back",
+          "[engine]") {
+  Rig rig;
+  primary_to_rearm(rig);
+  g_gid_tables[0][0] = {};  // the address is removed and not back yet
+  const std::string text = warnings_of(
+      [&] { vf::failover::handle_rearm(*rig.e, rig.rearm_from_peer(vf::kPrimary, 1)); });
+  CHECK_THAT(text, Catch::Contains("re-connecting the primary path failed: finding its own GID "
+                                   "::ffff:0.0.0.1 in the GID table of fake0/1"));
+  CHECK_THAT(text, Catch::Contains(strerror(ENODATA)));
+  CHECK(last_rtr(&rig.app_qp) == nullptr);  // no RTR with a slot that holds nothing
+  CHECK(rig.sent<vf::Rearm>().empty());
+  CHECK_FALSE(rig.v->path[vf::kPrimary].connected);
+  // The address is added again, at index 3: the peer's next request connects with it.
+  g_gid_tables[0][3] = gid(1);
+  vf::failover::handle_rearm(*rig.e, rig.rearm_from_peer(vf::kPrimary, 2));
+  REQUIRE(rig.sent<vf::Rearm>().size() == 1);
+  const ModifyCall* rtr = last_rtr(&rig.app_qp);
+  REQUIRE(rtr != nullptr);
+  CHECK(rtr->attr.ah_attr.grh.sgid_index == 3);
+  CHECK(rig.v->path[vf::kPrimary].connected);
+}
+
+TEST_CASE("A standby whose GID moved is re-armed with the new index", "[engine]") {
+  Rig rig;
+  rig.p->attrs.have_init = rig.p->attrs.have_rtr = rig.p->attrs.have_rts = true;
+  rig.v->path[vf::kStandby].failed = true;
+  rig.v->path[vf::kStandby].connected = false;
+  rig.p->rearm[vf::kStandby].needed = true;
+  g_gid_tables[1][0] = {};
+  g_gid_tables[1][1] = gid(2);
+  g_modifies.clear();
+  vf::failover::handle_rearm(*rig.e, rig.rearm_from_peer(vf::kStandby, 1));
+  REQUIRE(rig.sent<vf::Rearm>().size() == 1);
+  const ModifyCall* rtr = last_rtr(&rig.standby_qp);
+  REQUIRE(rtr != nullptr);
+  CHECK(rtr->attr.ah_attr.grh.sgid_index == 1);
+  CHECK(rig.v->path[vf::kStandby].gid_index == 1);
+}
+
+// Review of the change above: a NIC with RoCE v1 and v2 lists every address twice, v1 first.
+// The re-arm keeps the index while it still holds the GID, and a GID that moved is looked for
+// with its type: the first slot with the value would be the v1 one (not routable).
+TEST_CASE("A re-arm keeps a RoCE v2 index and, after a move, finds the v2 entry, not the v1",
+          "[engine]") {
+  Rig rig;
+  primary_to_rearm(rig);
+  rig.p->attrs.rtr.ah_attr.grh.sgid_index = 3;
+  g_gid_tables[0][0] = {};
+  g_gid_tables[0][2] = gid(1);  // the address as RoCE v1
+  g_gid_types[0][2] = IBV_GID_TYPE_ROCE_V1;
+  g_gid_tables[0][3] = gid(1);  // and as RoCE v2, the application's
+  g_gid_types[0][3] = IBV_GID_TYPE_ROCE_V2;
+  rig.v->path[vf::kPrimary].gid_index = 3;
+  rig.v->path[vf::kPrimary].gid_type = IBV_GID_TYPE_ROCE_V2;
+  vf::failover::handle_rearm(*rig.e, rig.rearm_from_peer(vf::kPrimary, 1));
+  const ModifyCall* rtr = last_rtr(&rig.app_qp);
+  REQUIRE(rtr != nullptr);
+  CHECK(rtr->attr.ah_attr.grh.sgid_index == 3);  // nothing moved: not the v1 slot
+  // The address is added again: v1 back in slot 2, v2 now in slot 6.
+  rig.deliver(rig.request_from_peer(2));
+  rig.v->path[vf::kPrimary].failed = true;
+  rig.p->rearm[vf::kPrimary].needed = true;
+  g_gid_tables[0][3] = {};
+  g_gid_types[0][3] = -1;
+  g_gid_tables[0][6] = gid(1);
+  g_gid_types[0][6] = IBV_GID_TYPE_ROCE_V2;
+  g_modifies.clear();
+  vf::failover::handle_rearm(*rig.e, rig.rearm_from_peer(vf::kPrimary, 2));
+  rtr = last_rtr(&rig.app_qp);
+  REQUIRE(rtr != nullptr);
+  CHECK(rtr->attr.ah_attr.grh.sgid_index == 6);
+}
+
+TEST_CASE("A path whose own GID is not known keeps the index it was connected with",
+          "[engine]") {
+  Rig rig;
+  primary_to_rearm(rig);
+  rig.p->attrs.rtr.ah_attr.grh.sgid_index = 5;
+  rig.v->path[vf::kPrimary].gid_index = 5;
+  rig.v->path[vf::kPrimary].gid = {};  // the device did not say at the application's RTR
+  vf::failover::handle_rearm(*rig.e, rig.rearm_from_peer(vf::kPrimary, 1));
+  const ModifyCall* rtr = last_rtr(&rig.app_qp);
+  REQUIRE(rtr != nullptr);
+  CHECK(rtr->attr.ah_attr.grh.sgid_index == 5);  // not the first empty slot (zeros "match")
+}
+
+// The side that asks for re-arms, its own GID gone: it asks nothing until the GID is back, logs
+// that once, and waits for the re-arm retry between looks (before: a request at every engine
+// pass, every ~20 ms, each making the peer reset and re-connect its end, and a line each).
+TEST_CASE("The asking side whose GID is gone does not ask until it is back", "[engine]") {
+  Rig rig;
+  primary_to_rearm(rig);
+  g_gid_tables[0][0] = {};
+  const std::string text = warnings_of([&] {
+    vf::failover::maybe_rearm(*rig.e, *rig.p, vf::kPrimary);  // this end asks (the smaller QPN)
+    vf::failover::maybe_rearm(*rig.e, *rig.p, vf::kPrimary);
+  });
+  CHECK(rig.sent<vf::Rearm>().empty());
+  CHECK(last_rtr(&rig.app_qp) == nullptr);
+  CHECK(g_modifies.empty());  // not even reset: the path it runs on is untouched anyway
+  CHECK_THAT(text, Catch::Contains("the primary path is not re-armed yet: finding its own GID"));
+  CHECK(text.find("not re-armed yet") == text.rfind("not re-armed yet"));  // once
+  // Back at index 4; the retry is due: it asks, and connects with the new index on the answer.
+  g_gid_tables[0][4] = gid(1);
+  rig.p->rearm[vf::kPrimary].not_before_ns = 0;
+  vf::failover::maybe_rearm(*rig.e, *rig.p, vf::kPrimary);
+  REQUIRE(rig.sent<vf::Rearm>().size() == 1);
+  vf::Rearm reply = rig.rearm_from_peer(vf::kPrimary, rig.sent<vf::Rearm>()[0].nonce);
+  reply.is_reply = true;
+  vf::failover::handle_rearm(*rig.e, reply);
+  const ModifyCall* rtr = last_rtr(&rig.app_qp);
+  REQUIRE(rtr != nullptr);
+  CHECK(rtr->attr.ah_attr.grh.sgid_index == 4);
+  CHECK(rig.v->path[vf::kPrimary].connected);
+}
+
+// The peer's answer cannot be connected (here: the GID went between the request and the
+// answer): asked again only at the re-arm retry, and the peer, which counts its end restored,
+// is told the path is down.
+TEST_CASE("An answer that cannot be connected is asked again at the retry, the peer told",
+          "[engine]") {
+  Rig rig;
+  primary_to_rearm(rig);
+  vf::failover::maybe_rearm(*rig.e, *rig.p, vf::kPrimary);
+  REQUIRE(rig.sent<vf::Rearm>().size() == 1);
+  g_gid_tables[0][0] = {};
+  vf::Rearm reply = rig.rearm_from_peer(vf::kPrimary, rig.sent<vf::Rearm>()[0].nonce);
+  reply.is_reply = true;
+  rig.e->local_inbox.clear();
+  vf::failover::handle_rearm(*rig.e, reply);
+  CHECK_FALSE(rig.v->path[vf::kPrimary].connected);
+  const auto notices = rig.sent<vf::PathStatus>();
+  REQUIRE(notices.size() == 1);
+  CHECK_FALSE(notices[0].up);
+  g_gid_tables[0][0] = gid(1);  // back at once: still not before the retry
+  vf::failover::maybe_rearm(*rig.e, *rig.p, vf::kPrimary);
+  CHECK(rig.sent<vf::Rearm>().empty());
 }

@@ -6,7 +6,9 @@
 #pragma once
 
 #include <catch2/catch.hpp>
+#include <array>
 #include <cerrno>
+#include <cstring>
 #include <memory>
 #include <variant>
 #include <vector>
@@ -83,9 +85,24 @@ int fake_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
   }
   return 0;
 }
-int fake_query_gid(ibv_context*, uint8_t, int index, ibv_gid* gid) {
-  *gid = {};
-  gid->raw[15] = static_cast<std::uint8_t>(index + 1);
+// Each device's GID table (empty slots all zeros, as ibv_query_gid reports them; an index beyond
+// the table is an error). The Rig puts each path's GID at index 0; a test may move them.
+constexpr int kRigGidTableLen = 8;
+std::array<vf::Gid, kRigGidTableLen> g_gid_tables[2];
+// Each slot's type (IBV_GID_TYPE_*), -1 when the device does not say (no ibv_query_gid_ex).
+std::array<int, kRigGidTableLen> g_gid_types[2];
+const ibv_context* g_rig_contexts = nullptr;
+int fake_query_gid(ibv_context* context, uint8_t, int index, ibv_gid* gid) {
+  if (index < 0 || index >= kRigGidTableLen) return -1;
+  const int device = g_rig_contexts != nullptr && context == &g_rig_contexts[1] ? 1 : 0;
+  std::memcpy(gid->raw, g_gid_tables[device][index].data(), sizeof gid->raw);
+  return 0;
+}
+int fake_query_gid_type(ibv_context* context, uint8_t, int index, int* type) {
+  if (index < 0 || index >= kRigGidTableLen) return EINVAL;
+  const int device = g_rig_contexts != nullptr && context == &g_rig_contexts[1] ? 1 : 0;
+  if (g_gid_types[device][index] < 0) return EOPNOTSUPP;
+  *type = g_gid_types[device][index];
   return 0;
 }
 ibv_port_state g_port_state = IBV_PORT_ACTIVE;  // what every port says when asked
@@ -144,9 +161,17 @@ struct Rig {
     g_refused_qp = nullptr;
     g_refused_opcode = -1;
     g_port_state = IBV_PORT_ACTIVE;
+    g_rig_contexts = contexts;
+    g_gid_tables[0] = {};
+    g_gid_tables[1] = {};
+    g_gid_tables[0][0] = gid(1);
+    g_gid_tables[1][0] = gid(2);
+    g_gid_types[0].fill(-1);
+    g_gid_types[1].fill(-1);
     e->verbs.modify_qp = fake_modify_qp;
     e->verbs.query_port = fake_query_port;
     e->verbs.query_gid = fake_query_gid;
+    e->verbs.query_gid_type = fake_query_gid_type;
     e->verbs.provider_ops = fake_provider_ops;
     e->configured = e->started = true;
     e->token = 1;
@@ -209,7 +234,10 @@ struct Rig {
     return protection;
   }
 
-  ~Rig() { vf::set_datapath_services(saved_services); }
+  ~Rig() {
+    vf::set_datapath_services(saved_services);
+    g_rig_contexts = nullptr;
+  }
   Rig(const Rig&) = delete;
   Rig& operator=(const Rig&) = delete;
 

@@ -149,6 +149,20 @@ wait_jobs_or_failure() {
   return "$all"
 }
 
+# expect_exit_zero TIMEOUT HOST:NAME...: waits for the jobs (wait_jobs_or_failure, 10 s of grace
+# after the first failure); notes each that did not exit 0 (its status, or hung) and ends those
+# still running. False unless every one exited 0.
+expect_exit_zero() {
+  local timeout=$1 j st rc=0
+  shift
+  wait_jobs_or_failure "$timeout" 10 "$@" || rc=1
+  for j in "$@"; do
+    st=$(job_rc "${j%%:*}" "${j#*:}")
+    [[ $st == 0 ]] || { note "$j: ${st:+exit status }${st:-hung (killed)}"; rc=1; kill_job "${j%%:*}" "${j#*:}"; }
+  done
+  return "$rc"
+}
+
 # kill_job HOST NAME [--stacks]: end the job's process group by PID (TERM, then KILL); bounded.
 # With --stacks (a job that should have ended: it hangs) every thread of it is described first,
 # in HOST/NAME.stacks.txt; the log gets one line per thread (state, CPU use, system call).

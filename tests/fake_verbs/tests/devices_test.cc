@@ -1,4 +1,5 @@
 // Devices, ports, GIDs, the verbs_context layout, exported symbol versions and string helpers.
+#include <algorithm>
 #include <dlfcn.h>
 
 #include <cerrno>
@@ -66,7 +67,7 @@ TEST_CASE("device and port attributes look like an active RoCE port") {
   REQUIRE(ibv_query_port(ctx, 1, &pa) == 0);  // the inline wrapper -> verbs_context::query_port
   CHECK(pa.state == IBV_PORT_ACTIVE);
   CHECK(pa.link_layer == IBV_LINK_LAYER_ETHERNET);
-  CHECK(pa.gid_tbl_len == 2);
+  CHECK(pa.gid_tbl_len == 4);
   CHECK(pa.active_mtu == IBV_MTU_1024);
   CHECK(pa.max_msg_sz == (1u << 30));
   CHECK(ibv_query_port(ctx, 2, &pa) == EINVAL);
@@ -102,13 +103,55 @@ TEST_CASE("GIDs: link-local at 0, ::ffff:198.18.<rail+1>.<host+1> at 1, RoCEv2")
     CHECK(e.gid_type == IBV_GID_TYPE_ROCE_V2);
     CHECK(e.gid_index == 1);
     CHECK(std::memcmp(e.gid.raw, want, 16) == 0);
+    // Slots 2 and 3 are empty: ENODATA from the _ex query, zeros from ibv_query_gid (rdma-core's
+    // "preserve API behavior for empty GID"); beyond the table, an error.
     CHECK(ibv_query_gid_ex(ctx, 1, 2, &e, 0) == ENODATA);
+    ibv_gid empty;
+    std::memset(&empty, 0xab, sizeof empty);
+    CHECK(ibv_query_gid(ctx, 1, 2, &empty) == 0);
+    CHECK(std::all_of(empty.raw, empty.raw + 16, [](uint8_t b) { return b == 0; }));
     ibv_gid bad{};
-    CHECK(ibv_query_gid(ctx, 1, 2, &bad) != 0);
+    CHECK(ibv_query_gid(ctx, 1, 4, &bad) != 0);
     ibv_gid_entry table[4];
     CHECK(ibv_query_gid_table(ctx, table, 4, 0) == 2);
     REQUIRE(ibv_close_device(ctx) == 0);
   }
+}
+
+TEST_CASE("A GID moved to another slot: the old slot is empty and refuses address vectors") {
+  Clean clean;
+  ibv_context* ctx = open_device("fake0");
+  const ibv_gid before = gid_of(ctx, 1);
+  CHECK(ctl().move_gid(0, 1, 0) == -1);  // slot 0 is in use
+  CHECK(ctl().move_gid(0, 2, 3) == -1);  // slot 2 is empty
+  REQUIRE(ctl().move_gid(0, 1, 3) == 0);
+  ibv_async_event event{};
+  REQUIRE(ibv_get_async_event(ctx, &event) == 0);
+  CHECK(event.event_type == IBV_EVENT_GID_CHANGE);
+  ibv_ack_async_event(&event);
+  const ibv_gid after = gid_of(ctx, 3);
+  CHECK(std::memcmp(after.raw, before.raw, 16) == 0);
+  ibv_gid_entry e{};
+  CHECK(ibv_query_gid_ex(ctx, 1, 1, &e, 0) == ENODATA);
+  ibv_gid_entry table[4];
+  REQUIRE(ibv_query_gid_table(ctx, table, 4, 0) == 2);
+  CHECK(table[1].gid_index == 3);
+  ibv_pd* pd = ibv_alloc_pd(ctx);
+  REQUIRE(pd != nullptr);
+  ibv_ah_attr attr{};
+  attr.is_global = 1;
+  attr.port_num = 1;
+  attr.grh.dgid = before;
+  attr.grh.sgid_index = 1;
+  errno = 0;
+  CHECK(ibv_create_ah(pd, &attr) == nullptr);
+  CHECK(errno == ENODATA);
+  attr.grh.sgid_index = 3;
+  ibv_ah* ah = ibv_create_ah(pd, &attr);
+  REQUIRE(ah != nullptr);
+  CHECK(ibv_destroy_ah(ah) == 0);
+  CHECK(ibv_dealloc_pd(pd) == 0);
+  REQUIRE(ibv_close_device(ctx) == 0);
 }
 
 TEST_CASE("exported symbols carry rdma-core's version nodes and come from the fake") {

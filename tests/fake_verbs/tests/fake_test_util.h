@@ -32,6 +32,7 @@ struct Control {
   int (*list_qps)(int, uint32_t*, int);
   int (*set_recv_completion_delay)(int, unsigned);
   int (*set_flush_on_modify_only)(int, int);
+  int (*move_gid)(int, int, int);
   void (*reset)();
 };
 
@@ -57,6 +58,7 @@ inline Control& ctl() {
     resolve(k.list_qps, "fake_verbs_list_qps");
     resolve(k.set_recv_completion_delay, "fake_verbs_set_recv_completion_delay");
     resolve(k.set_flush_on_modify_only, "fake_verbs_set_flush_on_modify_only");
+    resolve(k.move_gid, "fake_verbs_move_gid");
     resolve(k.reset, "fake_verbs_reset");
     return k;
   }();
