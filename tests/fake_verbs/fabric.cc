@@ -146,6 +146,15 @@ bool gid_is_empty(const ibv_gid& gid) {
   return std::memcmp(gid.raw, kEmpty.raw, sizeof gid.raw) == 0;
 }
 
+const ibv_gid& source_gid_locked(const Qp* qp) {
+  return qp->av_sgid;
+}
+
+bool addressed_to_locked(const Qp* qp, const ibv_gid& src, const ibv_gid& dst) {
+  return std::memcmp(dst.raw, source_gid_locked(qp).raw, sizeof dst.raw) == 0 &&
+         std::memcmp(src.raw, qp->attr.ah_attr.grh.dgid.raw, sizeof src.raw) == 0;
+}
+
 Qp* find_qp_locked(Device* dev, uint32_t qp_num) {
   for (Qp* qp : fabric().qps)
     if (qp->ctx->device == dev && qp->shell.qpx.qp_base.qp_num == qp_num) return qp;

@@ -256,6 +256,9 @@ struct Qp {
   bool extended = false;  // created with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS: ibv_qp_to_qp_ex works
   uint64_t send_ops_flags = 0;
   ibv_qp_attr attr{};  // current attributes as last modified (qp_state kept in shell too)
+  // The source GID its address vector took at the modify that set it (the kernel keeps a
+  // reference to that GID entry: the QP sends from it even after the slot is emptied).
+  ibv_gid av_sgid{};
   uint32_t ece_options = kEceSupportedOptions;  // ibv_set_ece; back to the default at RESET
   std::deque<SendWork> send_queue;  // outstanding: not yet completed
   std::deque<RecvWork> recv_queue;
@@ -350,6 +353,12 @@ Device* find_device_by_gid_locked(const ibv_gid& gid);
 void set_default_gids(Device& d);
 // An unused slot of a GID table (all zeros, as rdma-core reports one).
 bool gid_is_empty(const ibv_gid& gid);
+// The address a connected QP sends from: the GID its address vector took when it was set.
+const ibv_gid& source_gid_locked(const Qp* qp);
+// Whether a packet from `src` to `dst` is for this connected QP, as rxe's check_addr decides:
+// addressed to the QP's own source GID, from the GID it is connected to. Anything else is
+// dropped (a QP re-connected from another slot of its GID table, a stale address).
+bool addressed_to_locked(const Qp* qp, const ibv_gid& src, const ibv_gid& dst);
 Qp* find_qp_locked(Device* dev, uint32_t qp_num);
 // A completion of the QP's receive queue (success or flush): to its CQ now, or after the
 // device's recv_cqe_delay_steps, never ahead of one still waiting.

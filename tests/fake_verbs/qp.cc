@@ -220,6 +220,7 @@ FAKE_EXPORT int ibv_modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) {
   Qp* qp = to_qp(ibqp);
   if (int err = validate_modify(qp, attr, mask)) return err;
   apply_modify(qp, attr, mask);
+  if (mask & IBV_QP_AV) qp->av_sgid = qp->ctx->device->gids[attr->ah_attr.grh.sgid_index];
   if (!(mask & IBV_QP_STATE)) return 0;
   ibv_qp_state next = attr->qp_state;
   if (next == IBV_QPS_ERR) {

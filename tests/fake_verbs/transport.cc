@@ -244,9 +244,13 @@ bool execute_head(Qp* qp) {
 
   // The wire: a dead path looks exactly like packet loss to the requester.
   ibv_qp_state rstate = r != nullptr ? r->attr.qp_state : IBV_QPS_RESET;
+  // Each end takes the other's packets only if they are addressed as it is connected (rxe's
+  // check_addr), the request on its way in and the answer on its way back.
   bool path_alive = remote_dev != nullptr && !local->drop && !remote_dev->drop &&
                     remote_dev->port_up &&
-                    (rstate == IBV_QPS_RTR || rstate == IBV_QPS_RTS || rstate == IBV_QPS_SQD);
+                    (rstate == IBV_QPS_RTR || rstate == IBV_QPS_RTS || rstate == IBV_QPS_SQD) &&
+                    addressed_to_locked(r, source_gid_locked(qp), qp->attr.ah_attr.grh.dgid) &&
+                    addressed_to_locked(qp, source_gid_locked(r), r->attr.ah_attr.grh.dgid);
   if (!path_alive) return lose_try(qp, w);
   if (w.executed) {
     // A retry of a request the responder executed: a duplicate PSN, acknowledged again (a read's

@@ -64,8 +64,16 @@ struct Header {
   uint64_t remote_addr;
   uint64_t compare_add;
   uint64_t swap;
+  uint8_t src_gid[16];  // the IP header's addresses: the sender's source GID now,
+  uint8_t dst_gid[16];  // and the GID it sends to
 };
-static_assert(sizeof(Header) == 72, "the wire header is a fixed, padding-free layout");
+static_assert(sizeof(Header) == 104, "the wire header is a fixed, padding-free layout");
+
+ibv_gid gid_from(const uint8_t (&raw)[16]) {
+  ibv_gid gid;
+  std::memcpy(gid.raw, raw, sizeof gid.raw);
+  return gid;
+}
 
 struct Wire {
   std::map<int, int> fds;  // this host's device index -> its socket
@@ -162,6 +170,8 @@ void answer(const Header& request, Response response, const std::vector<uint8_t>
   h.src_qpn = request.dst_qpn;
   h.dst_qpn = request.src_qpn;
   h.psn = request.psn;
+  std::memcpy(h.src_gid, request.dst_gid, sizeof h.src_gid);
+  std::memcpy(h.dst_gid, request.src_gid, sizeof h.dst_gid);
   h.length = uint32_t(reply.size());
   send_datagram_locked(request.src_dev, datagram(h, reply.data(), reply.size()));
 }
@@ -178,6 +188,10 @@ void serve_request_locked(const Header& h, const uint8_t* payload) {
   if (r == nullptr) return;
   const ibv_qp_state state = r->attr.qp_state;
   if (state != IBV_QPS_RTR && state != IBV_QPS_RTS && state != IBV_QPS_SQD) return;
+  if (!addressed_to_locked(r, gid_from(h.src_gid), gid_from(h.dst_gid))) {
+    fake_log("wire: a request to QP %u from an address it is not connected to: dropped", h.dst_qpn);
+    return;
+  }
   Request req;
   req.opcode = ibv_wr_opcode(h.opcode);
   req.src_qpn = h.src_qpn;
@@ -228,7 +242,8 @@ void take_response_locked(const Header& h, const uint8_t* reply) {
   // Only from the QP it is connected to, as rxe checks a packet's source: a late answer of an
   // old peer never completes the request of a reconnected QP.
   if (h.src_qpn != qp->attr.dest_qp_num ||
-      h.src_dev != wire_device_index_for_gid(qp->attr.ah_attr.grh.dgid)) {
+      h.src_dev != wire_device_index_for_gid(qp->attr.ah_attr.grh.dgid) ||
+      !addressed_to_locked(qp, gid_from(h.src_gid), gid_from(h.dst_gid))) {
     return;
   }
   if (h.response < uint8_t(Response::kAck) || h.response > uint8_t(Response::kRemOpErr)) return;
@@ -370,6 +385,8 @@ void wire_send_request_locked(Qp* qp, uint32_t psn, int remote_index, const Requ
   h.src_qpn = qp->shell.qpx.qp_base.qp_num;
   h.dst_qpn = qp->attr.dest_qp_num;
   h.psn = psn;
+  std::memcpy(h.src_gid, source_gid_locked(qp).raw, sizeof h.src_gid);
+  std::memcpy(h.dst_gid, qp->attr.ah_attr.grh.dgid.raw, sizeof h.dst_gid);
   h.imm_data = request.imm_data;
   h.rkey = request.rkey;
   h.length = request.length;

@@ -252,3 +252,40 @@ TEST_CASE("VF_FAKE_VERBS_DEVICES=6 gives fake0..fake5 as three hosts with two ra
   CHECK(g.raw[15] == 3);  // host 2 ("host C")
   ibv_close_device(ctx);
 }
+
+// As rxe's check_addr: a packet is taken only if addressed to the QP's own source GID and sent
+// from the GID it is connected to. A connected QP keeps the GID its address vector took, also
+// after that GID's slot is emptied (the kernel holds a reference to the entry).
+TEST_CASE("Packets are taken only from the address a QP is connected to") {
+  Clean clean;
+  QpOptions o;
+  o.retry_cnt = 2;
+  SECTION("a connected QP keeps sending from its GID after the slot moves") {
+    Pair p(o);
+    Region rb(p.b.pd, 64);
+    Region ra(p.a.pd, 64);
+    ra.fill("moved");
+    REQUIRE(ctl().move_gid(0, 1, 3) == 0);  // A's address, re-added elsewhere
+    REQUIRE(post_recv(p.b.qp, 1, {rb.sge(0, 64)}) == 0);
+    REQUIRE(post_send(p.a.qp, Send{IBV_WR_SEND, 2, {ra.sge(0, 5)}}) == 0);
+    CHECK(poll_one(p.a.send_cq).status == IBV_WC_SUCCESS);
+    CHECK(poll_one(p.b.recv_cq).status == IBV_WC_SUCCESS);
+    CHECK(rb.str(0, 5) == "moved");
+  }
+  SECTION("a peer connected to another of the sender's GIDs drops what it sends") {
+    Pair p(o);
+    // B re-connected to A's link-local GID, while A sends from its IPv4 GID.
+    ibv_qp_attr reset{};
+    reset.qp_state = IBV_QPS_RESET;
+    REQUIRE(ibv_modify_qp(p.b.qp, &reset, IBV_QP_STATE) == 0);
+    connect(p.b.qp, o.qp_access, p.a.qp->qp_num, gid_of(p.a.ctx, 0), o.retry_cnt, o.rnr_retry);
+    Region rb(p.b.pd, 64);
+    Region ra(p.a.pd, 64);
+    REQUIRE(post_recv(p.b.qp, 1, {rb.sge(0, 64)}) == 0);
+    REQUIRE(post_send(p.a.qp, Send{IBV_WR_SEND, 2, {ra.sge(0, 5)}}) == 0);
+    const auto wcs = poll(p.a.send_cq, 1, 1000);
+    REQUIRE(wcs.size() == 1);
+    CHECK(wcs[0].status == IBV_WC_RETRY_EXC_ERR);
+    CHECK(poll(p.b.recv_cq, 1, 10).empty());
+  }
+}
