@@ -1,50 +1,16 @@
 # shellcheck shell=bash disable=SC2034 # the SCENARIO_* settings are read by the runner
-# Measurement (not in `lab all`): how long traffic stops when a rail fails under the shim. Five
-# separate ib_write_bw runs (rxe0, 600 x 64 KiB, shim on both sides); in each, A's rail 0 port
-# goes down after 2 s of traffic, the run must finish (exit 0, full count, stats show the
-# failover), then the port is restored and comes back ACTIVE before the next run. Figures: each
-# fault-to-first-completion time (the shim's resumed_unix_ns minus the fault time, both on A's
-# clock; docs/lab.md "Failover statistics"), their median, and the shim's own failover ms.
+# Measurement (not in `lab all`): how long traffic stops when a rail's port goes down under the
+# shim: five ib_write_bw runs, in each A's rail 0 port down mid-run, then restored
+# (_fault_time.sh); each fault-to-first-completion time, their median, the shim's failover ms.
 SCENARIO_DESC="measurement: 5 x (ib_write_bw, port_down A rail0, restore) with the shim; fault-to-resume ms and median"
 SCENARIO_KIND=failover
 SCENARIO_SHIM=required
 SCENARIO_ALL=no
 SCENARIO_TIMEOUT=900
 
+# shellcheck source=scripts/lab/scenarios/_fault_time.sh
+source "$LAB_DIR/scenarios/_fault_time.sh"
+
 scenario_run() {
-  # 2000 x 64 KiB: 10-40 s under emulation, so the fault lands while the traffic runs.
-  local rounds=${VF_FAILOVER_ROUNDS:-5} i port rc=0 iters=2000
-  local env=("VERBS_FAILOVER_PAIRS=rxe0:rxe1,rxe1:rxe0")
-  [[ -n ${VERBS_FAILOVER_LOG:-} ]] || env+=(VERBS_FAILOVER_LOG=info)
-  for ((i = 1; i <= rounds; i++)); do
-    port=$((LAB_PORT + i))  # a fresh port: the previous server's socket may linger in TIME_WAIT
-    local args=(-d rxe0 -x 1 -s 65536 -n "$iters" -p "$port")
-    app B "srv$i" "${env[@]}" -- stdbuf -oL ib_write_bw "${args[@]}"
-    wait_listen B "$port" 30 || lab_fail "round $i: ib_write_bw server did not listen"
-    app A "cli$i" "${env[@]}" -- stdbuf -oL ib_write_bw "${args[@]}" "$(ip_of B mgmt)"
-    wait_log A "cli$i" '#bytes' 30 || lab_fail "round $i: traffic did not start"
-    after_seconds 2
-    [[ -z $(job_rc A "cli$i") ]] || lab_fail "round $i: ib_write_bw ended before the fault: make the run longer"
-    fault port_down A rail0
-    if ! wait_jobs_or_failure 90 10 "A:cli$i" "B:srv$i"; then
-      note "round $i: client $(job_rc A "cli$i") server $(job_rc B "srv$i")"
-      rc=1
-    fi
-    kill_job A "cli$i"
-    kill_job B "srv$i"
-    [[ $(perftest_figure A "cli$i" 2) == "$iters" ]] || { note "round $i: not $iters iterations"; rc=1; }
-    assert_failover A "cli$i" || rc=1
-    assert_failover B "srv$i" || rc=1
-    fault restore A rail0
-    wait_guest A 30 port_state rxe0 ACTIVE || lab_fail "round $i: rxe0 on A did not come back ACTIVE"
-    ((rc == 0)) || break
-  done
-  failover_figures A
-  local ok=() v
-  for v in "${FAILOVER_RESUME_MS[@]}"; do [[ $v == - ]] || ok+=("$v"); done
-  if ((${#ok[@]})); then
-    figure median_ms "$(printf '%s\n' "${ok[@]}" | sort -n | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}')"
-  fi
-  ((${#ok[@]} == rounds)) || { note "fault-to-resume known for ${#ok[@]} of $rounds faults"; rc=1; }
-  return "$rc"
+  fault_time_rounds port_down
 }
