@@ -72,7 +72,10 @@ int gid_type_at(Engine& e, int device, std::uint8_t port, int index) {
   return type;
 }
 
-int standby_gid_index(Engine& e, int device, std::uint8_t port, Gid* gid, int* type) {
+namespace {
+
+// standby_gid_index's choice, asked of the device (devices.h says which GID).
+int choose_standby_gid(Engine& e, int device, std::uint8_t port, Gid* gid, int* type) {
   int ipv4 = -1;  // the first IPv4-mapped GID, whatever its type
   int any = -1;   // the first GID at all
   Gid ipv4_gid{}, any_gid{};
@@ -102,6 +105,24 @@ int standby_gid_index(Engine& e, int device, std::uint8_t port, Gid* gid, int* t
   *gid = ipv4 >= 0 ? ipv4_gid : any_gid;
   if (chosen < 0) return 0;
   if (type != nullptr) *type = gid_type_at(e, device, port, chosen);
+  return chosen;
+}
+
+}  // namespace
+
+int standby_gid_index(Engine& e, int device, std::uint8_t port, Gid* gid, int* type) {
+  PortInfoState& cached = e.devices[device].ports[port];
+  if (cached.standby_gid_index >= 0) {
+    *gid = cached.standby_gid;
+    if (type != nullptr) *type = cached.standby_gid_type;
+    return cached.standby_gid_index;
+  }
+  int chosen_type = -1;
+  const int chosen = choose_standby_gid(e, device, port, gid, &chosen_type);
+  cached.standby_gid_index = chosen;
+  cached.standby_gid = *gid;
+  cached.standby_gid_type = chosen_type;
+  if (type != nullptr) *type = chosen_type;
   return chosen;
 }
 

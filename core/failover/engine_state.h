@@ -55,6 +55,11 @@ struct PortInfoState {
   // The "waits until stable" line is written once per return of the port.
   bool stability_wait_logged = false;
   std::atomic<std::uint64_t> hidden_async_events{0};
+  // The standby GID chosen on this port (standby_gid_index; -1: not chosen yet, or forgotten at
+  // the port's last event): a scan of the GID table per QP created would cost up to 256 queries.
+  int standby_gid_index = -1;
+  Gid standby_gid{};
+  int standby_gid_type = -1;
 };
 
 struct Device {

@@ -35,6 +35,22 @@ void send_rearm(Engine& e, Protection& p, int path, bool is_reply, std::uint32_t
   send_to_peer(e, p, message);
 }
 
+// Whether the path's own GID is in its port's table (refresh_gid_index); logs once per outage
+// when it is not.
+bool own_gid_present(Engine& e, Protection& p, int path) {
+  RearmState& rearm = p.rearm[path];
+  if (StepFailure failure; !refresh_gid_index(e, p, path, failure)) {
+    if (!rearm.gid_wait_logged) {
+      VF_LOG_WARN("qp {}: the {} path is not re-armed yet: {}", p.qp->vqpn, path_name(path),
+                  failure.text());
+      rearm.gid_wait_logged = true;
+    }
+    return false;
+  }
+  rearm.gid_wait_logged = false;
+  return true;
+}
+
 bool held_down(const Protection& p, int path, std::uint64_t now) {
   return p.hold[path].until_ns != 0 && now < p.hold[path].until_ns;
 }
@@ -165,6 +181,9 @@ void handle_rearm(Engine& e, const vf::Rearm& message) {
   if (!port_stable(e, physical.device_index, physical.port, monotonic_ns())) return;
   if (held_down(*p, path, monotonic_ns())) return;  // the asker asks again after its retry
   if (message.nonce <= p->rearm[path].answered_nonce) return;  // an older request, overtaken
+  // Not while its own GID is gone: the path would be reset and not connected again. The asker
+  // asks again at its retry; our "up" notice waits for the GID too (maybe_rearm).
+  if (!own_gid_present(e, *p, path)) return;
   p->rearm[path].awaiting = false;
   physical.psn = random_psn();
   physical.connected = false;  // in RESET/INIT until connected again: no switch may go there
@@ -195,6 +214,14 @@ void maybe_rearm(Engine& e, Protection& p, int path) {
   // Neither asks nor says its port is back until the port has stayed up (a flap is not a repair).
   if (!port_stable(e, physical.device_index, physical.port, now)) return;
   if (held_down(p, path, now)) return;  // neither asks nor says its port is back
+  if (now < rearm.not_before_ns) return;
+  // Its own GID must be in the table (an address removed and not added again yet): asked now,
+  // or told the port is back, the peer would connect its end to a path this end cannot connect
+  // (issue 20 item 4).
+  if (!own_gid_present(e, p, path)) {
+    rearm.not_before_ns = now + e.rearm_retry_ns;
+    return;
+  }
   if (p.local != p.remote && answers_rearm(e, p)) {
     // The peer asks; it must hear that it can now (its requests while our port was down went
     // unanswered, and it may not even know the port was down). Repeated: a notice may be lost.
@@ -205,18 +232,6 @@ void maybe_rearm(Engine& e, Protection& p, int path) {
     return;
   }
   if (rearm.awaiting && now < rearm.sent_ns + e.rearm_retry_ns) return;
-  if (now < rearm.not_before_ns) return;
-  // Its own GID must be in the table (an address removed and not added again yet): asked now,
-  // the peer would connect its end to a path this end cannot connect (issue 20 item 4).
-  if (StepFailure failure; !refresh_gid_index(e, p, path, failure)) {
-    if (!rearm.gid_wait_logged) {
-      VF_LOG_WARN("qp {}: the {} path is not re-armed yet: {}", v.vqpn, path_name(path),
-                  failure.text());
-      rearm.gid_wait_logged = true;
-    }
-    rearm.not_before_ns = now + e.rearm_retry_ns;
-    return;
-  }
   v.path[path].psn = random_psn();
   v.path[path].connected = false;  // in RESET/INIT until connected again: no switch may go there
   StepFailure failure;

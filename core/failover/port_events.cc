@@ -23,6 +23,7 @@ void on_port_change(Engine& e, int device, std::uint8_t port, ibv_port_state sta
   const ibv_port_state before = info.state;
   info.state = state;
   ++info.changes;
+  info.standby_gid_index = -1;  // chosen again: an address may have been removed or added
   if (state == IBV_PORT_ACTIVE && before != IBV_PORT_NOP) {
     info.active_since_ns = monotonic_ns();
     info.stability_wait_logged = false;
@@ -67,6 +68,8 @@ void on_port_change(Engine& e, int device, std::uint8_t port, ibv_port_state sta
         if (p.paired && idle) send_path_status(e, p, path, false);
       } else if (p.paired && v.active_path() != path) {
         p.hold[path] = HoldDown{};  // a port event: whatever failed may have been repaired
+        p.rearm[path].not_before_ns = 0;  // and a GID that was gone may be back: look now
+        p.rearm[path].gid_wait_logged = false;
         if (!p.rearm[path].needed && v.path[path].connected) {
           // The port blinked while the path idled: its QP may be in error; re-arm it anyway.
           p.rearm[path].needed = true;

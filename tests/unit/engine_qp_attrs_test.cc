@@ -383,17 +383,17 @@ TEST_CASE("A primary whose GID moved to another index is re-armed with the new i
   CHECK(rig.v->path[vf::kPrimary].connected);
 }
 
-TEST_CASE("A primary whose GID is gone waits for it, says why, and uses it once it is back",
+TEST_CASE("An answering side whose GID is gone waits for it, says why, and uses it once back",
           "[engine]") {
   Rig rig;
   primary_to_rearm(rig);
   g_gid_tables[0][0] = {};  // the address is removed and not back yet
   const std::string text = warnings_of(
       [&] { vf::failover::handle_rearm(*rig.e, rig.rearm_from_peer(vf::kPrimary, 1)); });
-  CHECK_THAT(text, Catch::Contains("re-connecting the primary path failed: finding its own GID "
+  CHECK_THAT(text, Catch::Contains("the primary path is not re-armed yet: finding its own GID "
                                    "::ffff:0.0.0.1 in the GID table of fake0/1"));
   CHECK_THAT(text, Catch::Contains(strerror(ENODATA)));
-  CHECK(last_rtr(&rig.app_qp) == nullptr);  // no RTR with a slot that holds nothing
+  CHECK(g_modifies.empty());  // not even reset: it could not be connected again
   CHECK(rig.sent<vf::Rearm>().empty());
   CHECK_FALSE(rig.v->path[vf::kPrimary].connected);
   // The address is added again, at index 3: the peer's next request connects with it.
@@ -521,4 +521,26 @@ TEST_CASE("An answer that cannot be connected is asked again at the retry, the p
   g_gid_tables[0][0] = gid(1);  // back at once: still not before the retry
   vf::failover::maybe_rearm(*rig.e, *rig.p, vf::kPrimary);
   CHECK(rig.sent<vf::Rearm>().empty());
+}
+
+// Review of the change above, second round: the answering side checked its GID only when a
+// request came, after resetting its end; and a port event did not end the wait for a GID.
+TEST_CASE("An answering side whose GID is gone says nothing of its port until a port event",
+          "[engine]") {
+  Rig rig;
+  primary_to_rearm(rig);
+  rig.e->port_stable_ns = 0;
+  rig.p->remote.qpn = 5;  // the peer's QP number is the smaller: the peer asks, this side answers
+  g_gid_tables[0][0] = {};
+  vf::failover::maybe_rearm(*rig.e, *rig.p, vf::kPrimary);
+  CHECK(rig.sent<vf::PathStatus>().empty());  // no "my port is back" while its GID is gone
+  g_gid_tables[0][0] = gid(1);
+  vf::failover::maybe_rearm(*rig.e, *rig.p, vf::kPrimary);
+  CHECK(rig.sent<vf::PathStatus>().empty());  // looked at again at the re-arm retry only...
+  vf::failover::on_port_change(*rig.e, 0, 1, IBV_PORT_DOWN);
+  vf::failover::on_port_change(*rig.e, 0, 1, IBV_PORT_ACTIVE);  // ...or at the port's next event
+  const auto notices = rig.sent<vf::PathStatus>();
+  REQUIRE_FALSE(notices.empty());
+  CHECK(notices.back().up);
+  CHECK(g_modifies.empty());  // the answering side resets its end only when asked
 }
