@@ -217,21 +217,24 @@ void maybe_rearm(Engine& e, Protection& p, int path) {
   if (now < rearm.not_before_ns) return;
   // Its own GID must be in the table (an address removed and not added again yet): asked now,
   // or told the port is back, the peer would connect its end to a path this end cannot connect
-  // (issue 20 item 4).
-  if (!own_gid_present(e, p, path)) {
+  // (issue 20 item 4). Looked at only when about to act: not at every pass of a wait.
+  const auto gid_missing = [&] {
+    if (own_gid_present(e, p, path)) return false;
     rearm.not_before_ns = now + e.rearm_retry_ns;
-    return;
-  }
+    return true;
+  };
   if (p.local != p.remote && answers_rearm(e, p)) {
     // The peer asks; it must hear that it can now (its requests while our port was down went
     // unanswered, and it may not even know the port was down). Repeated: a notice may be lost.
     if (rearm.notice_sent_ns == 0 || now >= rearm.notice_sent_ns + e.rearm_retry_ns) {
+      if (gid_missing()) return;
       rearm.notice_sent_ns = now;
       send_path_status(e, p, path, true);
     }
     return;
   }
   if (rearm.awaiting && now < rearm.sent_ns + e.rearm_retry_ns) return;
+  if (gid_missing()) return;
   v.path[path].psn = random_psn();
   v.path[path].connected = false;  // in RESET/INIT until connected again: no switch may go there
   StepFailure failure;
