@@ -45,11 +45,11 @@ std::string gid_text(const Gid& gid) {
   return text;
 }
 
-namespace {
-
-bool is_zero(const Gid& gid) {
+bool gid_is_zero(const Gid& gid) {
   return std::all_of(gid.begin(), gid.end(), [](std::uint8_t b) { return b == 0; });
 }
+
+namespace {
 
 // Slots to search: the port's gid_tbl_len, at most kMaxGidScan (unknown: kMaxGidScan, the scan
 // then ends at the first index the device refuses).
@@ -84,7 +84,7 @@ int choose_standby_gid(Engine& e, int device, std::uint8_t port, Gid* gid, int* 
     ibv_gid raw{};
     if (e.verbs.query_gid(e.devices[device].context, port, index, &raw) != 0) break;
     const Gid candidate = gid_of(raw);
-    if (is_zero(candidate)) continue;  // an empty slot
+    if (gid_is_zero(candidate)) continue;  // an empty slot
     if (ipv4_of_gid(candidate) != 0) {
       const int candidate_type = gid_type_at(e, device, port, index);
       if (candidate_type == IBV_GID_TYPE_ROCE_V2 || candidate_type < 0) {
@@ -193,7 +193,7 @@ void discover_devices(Engine& e) {
 }
 
 int gid_index_of(Engine& e, int device, std::uint8_t port, const Gid& gid, int type, int hint) {
-  if (is_zero(gid)) return -1;  // what an empty slot reads as: never "found"
+  if (gid_is_zero(gid)) return -1;  // what an empty slot reads as: never "found"
   const auto matches = [&](int index, const ibv_gid& raw) {
     if (gid_of(raw) != gid) return false;
     if (type < 0) return true;

@@ -16,6 +16,9 @@ ibv_gid to_ibv_gid(const Gid& gid);
 // A GID as the kernel and rdma-core print it (IPv6 notation: ::ffff:10.0.0.1 for RoCEv2 IPv4).
 std::string gid_text(const Gid& gid);
 
+// All zeros: what an empty GID table slot reads as, or a GID the device did not give.
+bool gid_is_zero(const Gid& gid);
+
 // The engine's index of the device an application context belongs to, -1 if none.
 int device_of_context(Engine& e, const ibv_context* context);
 

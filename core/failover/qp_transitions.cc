@@ -17,8 +17,7 @@ namespace vf::failover {
 bool refresh_gid_index(Engine& e, Protection& p, int path, StepFailure& failure) {
   PhysicalPath& physical = p.qp->path[path];
   // Not known (the device did not say at the application's RTR): the index of before.
-  if (std::all_of(physical.gid.begin(), physical.gid.end(), [](std::uint8_t b) { return b == 0; }))
-    return true;
+  if (gid_is_zero(physical.gid)) return true;
   const Device& device = e.devices[physical.device_index];
   const int index = gid_index_of(e, physical.device_index, physical.port, physical.gid,
                                  physical.gid_type, physical.gid_index);
