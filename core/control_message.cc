@@ -20,6 +20,7 @@ enum class MessageType : std::uint16_t {
   kMrQuery = 9,
   kPathStatus = 10,
   kPairEnded = 11,
+  kCmDisconnect = 12,
 };
 
 constexpr std::size_t kRegistrationSize = 8 + 8 + 4 + 4;
@@ -235,6 +236,7 @@ MessageType type_of(const ControlMessage& message) {
         if constexpr (std::is_same_v<T, MrQuery>) return MessageType::kMrQuery;
         if constexpr (std::is_same_v<T, PathStatus>) return MessageType::kPathStatus;
         if constexpr (std::is_same_v<T, PairEnded>) return MessageType::kPairEnded;
+        if constexpr (std::is_same_v<T, CmDisconnect>) return MessageType::kCmDisconnect;
       },
       message);
 }
@@ -316,6 +318,12 @@ std::optional<ControlMessage> read_payload(MessageType type, Reader& reader) {
       reader.pair_keys(value);
       return ControlMessage{value};
     }
+    case MessageType::kCmDisconnect: {
+      CmDisconnect value;
+      reader.pair_keys(value);
+      value.is_reply = reader.flag("reply flag");
+      return ControlMessage{value};
+    }
   }
   return std::nullopt;
 }
@@ -368,6 +376,9 @@ void encode_control_message(const ControlMessage& message, std::vector<std::uint
           writer.gid(value.device_gid);
         } else if constexpr (std::is_same_v<T, PairEnded>) {
           writer.pair_keys(value);
+        } else if constexpr (std::is_same_v<T, CmDisconnect>) {
+          writer.pair_keys(value);
+          writer.u8(value.is_reply ? 1 : 0);
         } else {
           static_assert(std::is_same_v<T, PathStatus>);
           writer.pair_keys(value);

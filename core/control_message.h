@@ -173,16 +173,29 @@ struct MrQuery {
   bool operator==(const MrQuery&) const = default;
 };
 
+// "My application disconnected this rdma_cm connection (rdma_disconnect)": the receiver's shim
+// gives its application the RDMA_CM_EVENT_DISCONNECTED the CM's DREQ would have brought, for
+// that request travels over the primary path, which may be dead (rdma_cm is not protected).
+// Answered with is_reply set; the asker resends until answered or its bound passes.
+struct CmDisconnect {
+  QpKey local;  // the sender's QP
+  QpKey remote;
+  bool is_reply = false;
+  bool operator==(const CmDisconnect&) const = default;
+};
+
 using ControlMessage = std::variant<PairRequest, PairReply, MrUpdate, FailoverRequest, FailoverReply,
-                                    Hello, PairRefused, Rearm, MrQuery, PathStatus, PairEnded>;
+                                    Hello, PairRefused, Rearm, MrQuery, PathStatus, PairEnded,
+                                    CmDisconnect>;
 // The alternatives' names, in the variant's order (log lines, the tests' fault injection).
 inline constexpr std::array<std::string_view, std::variant_size_v<ControlMessage>>
     kControlMessageNames = {"PairRequest", "PairReply",   "MrUpdate", "FailoverRequest",
                             "FailoverReply", "Hello",     "PairRefused", "Rearm",
-                            "MrQuery",     "PathStatus",  "PairEnded"};
+                            "MrQuery",     "PathStatus",  "PairEnded",
+                            "CmDisconnect"};
 
 inline constexpr std::uint32_t kControlMagic = 0x4D434656;  // "VFCM" little-endian
-inline constexpr std::uint16_t kControlVersion = 7;
+inline constexpr std::uint16_t kControlVersion = 8;
 inline constexpr std::size_t kControlHeaderSize = 12;       // magic, version, type, length
 inline constexpr std::size_t kMaxControlPayload = 64 * 1024;
 inline constexpr std::size_t kMaxRegistrationsPerMessage = 2048;

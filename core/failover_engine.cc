@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "core/failover/channel_wakeup.h"
+#include "core/failover/cm_disconnect.h"
 #include "core/failover/cq_shadows.h"
 #include "core/failover/engine_state.h"
 #include "core/failover/engine_stats.h"
@@ -248,6 +249,22 @@ int FailoverEngine::protection_of(std::uint32_t qpn, std::string& reason) {
   Engine& e = engine();
   std::lock_guard lock(e.mutex);
   return failover::protection_of(e, qpn, reason);
+}
+
+bool FailoverEngine::announce_cm_disconnect(ibv_qp* qp) {
+  VirtualQp* v = find_virtual_qp(qp);
+  if (v == nullptr) return false;
+  Engine& e = engine();
+  std::unique_lock lock(e.mutex);
+  if (!engine_running(e)) return false;
+  return failover::announce_cm_disconnect(e, lock, v, failover::kCmDisconnectWaitNs) ==
+         failover::CmAnnounce::kAnswered;
+}
+
+void FailoverEngine::set_cm_disconnect_handler(void (*handler)(ibv_qp* qp, std::uint32_t qpn)) {
+  Engine& e = engine();
+  std::lock_guard lock(e.mutex);
+  e.cm_disconnect_handler = handler;
 }
 
 int FailoverEngine::switches_of(std::uint32_t qpn, std::uint64_t* failovers,

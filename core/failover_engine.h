@@ -85,6 +85,15 @@ class FailoverEngine {
   // ibv_req_notify_cq: also arms the shadow.
   void on_req_notify(ibv_cq* cq, int solicited_only);
 
+  // rdma_cm (shim/rdma_cm_hooks.cc, core/failover/cm_disconnect.h): the application is about to
+  // rdma_disconnect the connection of this QP: its peer's shim is told, and this waits (bounded)
+  // for its answer. True when the peer's shim answered; false when nothing was sent (not
+  // paired, or the peer disconnected first) or no answer came.
+  bool announce_cm_disconnect(ibv_qp* qp);
+  // Who gives the application RDMA_CM_EVENT_DISCONNECTED when the peer disconnected this QP;
+  // called on the engine's thread without its lock.
+  void set_cm_disconnect_handler(void (*handler)(ibv_qp* qp, std::uint32_t qpn));
+
   void write_stats(const char* reason);
   // What the stats file would say of the QP whose application QPN is qpn: 1 protected, 0 not
   // (reason says why), -1 the engine does not know it. For tests (verbs_failover_debug_*).

@@ -8,6 +8,7 @@
 #include <sys/eventfd.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -107,6 +108,10 @@ struct ChannelState {
   std::vector<CqState*> cqs;  // those whose events come through wake_fd
 };
 
+// Called by the engine's thread, without the lock, for each QP whose peer disconnected it through
+// rdma_cm (cm_disconnect.h); set by the shim's rdma_cm hooks.
+using CmDisconnectHandler = void (*)(ibv_qp* qp, std::uint32_t qpn);
+
 // Everything the engine knows, guarded by `mutex`. One per process in the shim
 // (FailoverEngine::instance() owns it); a test may build its own and drive a room's functions
 // with it. The data path never reads it: it finds its records in core/datapath_registries.h.
@@ -163,6 +168,12 @@ struct Engine {
   std::uint64_t first_hold_down_ns = kFirstHoldDownNs;
   std::uint64_t port_stable_ns = 0;  // Config::port_stable_ms, set at start
   std::uint64_t grace_ns = 0;        // Config::grace_ms, set at start (0: no wait for a path)
+  // rdma_cm disconnects (cm_disconnect.h): announcements not yet answered, the condition their
+  // application threads wait on, and the peer's disconnects for the handler.
+  std::vector<VirtualQp*> cm_pending;
+  std::condition_variable cm_answered;
+  std::vector<std::pair<ibv_qp*, std::uint32_t>> cm_disconnects_due;
+  CmDisconnectHandler cm_disconnect_handler = nullptr;
 };
 
 inline bool engine_running(const Engine& e) {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/clock.h"
+#include "core/failover/cm_disconnect.h"
 #include "core/failover/devices.h"
 #include "core/failover/engine_stats.h"
 #include "core/failover/memory_mirror.h"
@@ -74,7 +75,10 @@ void run_engine(Engine& e) {
     int timeout_ms = -1;
     {
       std::lock_guard lock(e.mutex);
-      if (has_pending_work(e) || !e.local_inbox.empty() || !e.outbox.empty()) timeout_ms = 20;
+      if (has_pending_work(e) || !e.local_inbox.empty() || !e.outbox.empty() ||
+          !e.cm_pending.empty()) {
+        timeout_ms = 20;
+      }
       if (e.config.stats_interval_s > 0) {
         const std::uint64_t now = monotonic_ns();
         const int until_stats =
@@ -125,6 +129,7 @@ void run_engine(Engine& e) {
         for (auto& [ignored, message] : inbox) process_message(e, self, 0, message);
       }
       flush_outbox(e);
+      send_cm_disconnects(e);
       periodic_work(e);
       if (e.config.stats_interval_s > 0 && monotonic_ns() >= e.next_stats_ns) {
         e.next_stats_ns =
@@ -136,6 +141,10 @@ void run_engine(Engine& e) {
         e.next_change_stats_ns = monotonic_ns() + kStatsChangeGapNs;
         write_stats_now = "change";
       }
+    }
+    {
+      std::unique_lock lock(e.mutex);
+      run_cm_disconnect_handler(e, lock);
     }
     if (write_stats_now != nullptr) write_stats(e, write_stats_now);
   }

@@ -84,6 +84,11 @@ constexpr std::uint64_t kStableAfterRearmNs = 60'000'000'000ull;
 static_assert(kFirstHoldDownNs >= kRearmRetryNs && kFirstHoldDownNs <= kMaxHoldDownNs);
 // A switch after which nothing completed for this long is described in the log
 // (report_late_resume). Tests may shorten it (verbs_failover_debug_set_resume_late_ms).
+// rdma_cm disconnects told over the control channel (cm_disconnect.h): resent at this period, and
+// rdma_disconnect waits at most this long for the peer's answer (a peer gone answers never).
+constexpr std::uint64_t kCmDisconnectResendNs = 200'000'000;
+constexpr std::uint64_t kCmDisconnectWaitNs = 2'000'000'000;
+static_assert(kCmDisconnectResendNs * 4 <= kCmDisconnectWaitNs, "a few resends fit the wait");
 constexpr std::uint64_t kResumeLateNs = 5'000'000'000ull;
 constexpr std::uint8_t kStandbyRdAtomic = 16;
 // The stats file is rewritten when what it says changes (a pairing, a switch, a resume: rare

@@ -8,6 +8,7 @@
 
 #include "core/clock.h"
 #include "core/failover/memory_mirror.h"
+#include "core/failover/cm_disconnect.h"
 #include "core/failover/pair_end.h"
 #include "core/failover/pairing.h"
 #include "core/failover/protection_status.h"
@@ -231,6 +232,15 @@ void process_message(Engine& e, const PeerRef& from, std::uint64_t session,
     Protection* p = pair_for(e, from, "PairEnded", m->remote, m->local);
     if (p == nullptr) return;
     return handle_pair_ended(e, *p);
+  }
+  if (auto* m = std::get_if<CmDisconnect>(&message)) {
+    if (protection_by_key(e, m->remote) == nullptr) {
+      if (!m->is_reply) answer_unknown_cm_disconnect(e, from, *m);
+      return;
+    }
+    Protection* p = pair_for(e, from, "CmDisconnect", m->remote, m->local);
+    if (p == nullptr) return;
+    return handle_cm_disconnect(e, *p, *m);
   }
 }
 

@@ -98,6 +98,16 @@ struct QpAttrs {  // what the application gave its QP, to re-connect the primary
   int init_mask = 0, rtr_mask = 0, rts_mask = 0;
 };
 
+// rdma_cm's disconnect told over the control channel (cm_disconnect.h).
+struct CmDisconnectState {
+  bool asked = false;      // this application called rdma_disconnect: the peer is told
+  bool answered = false;   // its shim confirmed
+  bool from_peer = false;  // the peer's application disconnected first (queued for the hooks)
+  std::uint64_t until_ns = 0;
+  std::uint64_t next_send_ns = 0;
+  std::size_t sends = 0;  // rotates the routes of each resend
+};
+
 struct Protection {
   std::unique_ptr<VirtualQp> qp;
   bool destroyed = false;  // the application destroyed the QP; kept for the stats only
@@ -150,6 +160,7 @@ struct Protection {
   std::uint32_t pending_event = UINT32_MAX;  // index of the event awaiting its resume time
   std::uint64_t switched_monotonic_ns = 0;   // when the latest switch finished
   bool resume_late_reported = false;         // the latest switch's "no completion yet" line
+  CmDisconnectState cm;
 };
 
 // A shared receive queue and the protected QPs that take receives from it: they switch paths

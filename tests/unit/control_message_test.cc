@@ -104,6 +104,8 @@ TEST_CASE("every message type survives encode and decode unchanged") {
       sample_path_status(),
       vf::PathStatus{{1, {}}, {2, {}}, 0, true, 0xFFFFFFFFu},
       vf::PairEnded{{0x11, gid_of(1)}, {0x22, gid_of(2)}},
+      vf::CmDisconnect{{0x11, gid_of(1)}, {0x22, gid_of(2)}, false},
+      vf::CmDisconnect{{0x11, gid_of(1)}, {0x22, gid_of(2)}, true},
   };
   for (const auto& message : messages) {
     const auto bytes = encode(message);
@@ -143,13 +145,13 @@ TEST_CASE("malformed messages are rejected with a precise reason") {
   }
   SECTION("future protocol version") {
     auto bytes = good;
-    bytes[4] = 8;
-    CHECK(decode(bytes).error == "protocol version 8 is not supported (this shim speaks 7)");
+    bytes[4] = 9;
+    CHECK(decode(bytes).error == "protocol version 9 is not supported (this shim speaks 8)");
   }
   SECTION("the previous protocol version") {
     auto bytes = good;
-    bytes[4] = 6;
-    CHECK(decode(bytes).error == "protocol version 6 is not supported (this shim speaks 7)");
+    bytes[4] = 7;
+    CHECK(decode(bytes).error == "protocol version 7 is not supported (this shim speaks 8)");
   }
   SECTION("unknown type") {
     auto bytes = good;
@@ -368,10 +370,19 @@ TEST_CASE("malformed messages of the version-2 types are rejected with a precise
     bytes[8] = static_cast<std::uint8_t>(bytes[8] - 1);
     CHECK(decode(bytes).error == "malformed message of type 11: message ends inside remote QP");
   }
-  SECTION("type 12 is still unknown") {
+  SECTION("rdma_cm disconnect: truncated, and a reply flag that is neither 0 nor 1") {
+    auto bytes = encode(vf::CmDisconnect{{1, {}}, {2, {}}, true});
+    auto flag = bytes;
+    flag.back() = 2;
+    CHECK(decode(flag).status == vf::DecodeResult::Status::kError);
+    bytes.resize(bytes.size() - 1);
+    bytes[8] = static_cast<std::uint8_t>(bytes[8] - 1);
+    CHECK(decode(bytes).error == "malformed message of type 12: message ends inside reply flag");
+  }
+  SECTION("type 13 is still unknown") {
     auto bytes = encode(vf::MrQuery{5});
-    bytes[6] = 12;
-    CHECK(decode(bytes).error == "message type 12 is unknown");
+    bytes[6] = 13;
+    CHECK(decode(bytes).error == "message type 13 is unknown");
   }
   SECTION("type 0 is unknown") {
     auto bytes = encode(vf::MrQuery{5});

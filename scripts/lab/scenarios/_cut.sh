@@ -56,13 +56,12 @@ cut_start() {
       wait_cm_listen B "$addr" 30 || lab_fail "rping server on B is not listening on $addr"
       app A cli "${CUT_ENV[@]}" -- stdbuf -oL rping -c -a "$addr" -p "$LAB_PORT" -C "$CUT_RPING_COUNT" -S 1024 -V -v
       wait_log A cli 'ping data' 30 || lab_fail "rping did not start"
-      # The verdict is the client's: every ping verified, exit 0. The server learns that the
-      # client is done from rdma_cm's disconnect request, a CM message sent over the *primary*
-      # rail (rdma_cm, not a QP of the application, is not protected): with that rail cut it
-      # never arrives and the server waits for it. It is stopped at the end, and noted.
-      CUT_JOBS=(A:cli)
-      CUT_PROTECTED=(A:cli)
-      CUT_ALSO_STOP=(B:srv)
+      # Both must end by themselves: the client after its last verified ping, the server when
+      # rdma_cm gives it RDMA_CM_EVENT_DISCONNECTED. The CM's disconnect request travels over
+      # the primary rail; with it cut, the shim carries the disconnect over the control channel
+      # (issue 20 item 9, docs/design.md §5j).
+      CUT_JOBS=(A:cli B:srv)
+      CUT_PROTECTED=(A:cli B:srv)
       ;;
     rstream)
       # librdmacm's rsockets: the server (-T a) waits in rpoll(), which poll()s its completion
@@ -134,6 +133,16 @@ cut_workload_ok() {
       pings=$(grep -c 'ping data' "$SCEN_DIR/A/cli.log")
       figure pings "$pings"
       [[ $pings == "$CUT_RPING_COUNT" ]] || { note "rping: $pings of $CUT_RPING_COUNT pings verified"; rc=1; }
+      # The server ended on a DISCONNECTED the shim gave (the CM's own went over the cut rail):
+      # the client's disconnect, carried to it, or its own, once the client's shim confirmed it
+      # (rping's server also disconnects after its count: either may go first). rping printed it.
+      grep -q 'DISCONNECT EVENT' "$SCEN_DIR/B/srv.log" ||
+        { note "B:srv: rping saw no RDMA_CM_EVENT_DISCONNECTED"; rc=1; }
+      if [[ $SCEN_VARIANT == shim ]] && (($(shim_log_count B srv \
+        'disconnected its rdma_cm connection|confirmed the rdma_cm disconnect') == 0)); then
+        note "B:srv: its shim gave no rdma_cm DISCONNECTED (neither the peer's nor its own)"
+        rc=1
+      fi
       ;;
     rstream)
       # Each side prints its result line ("custom 4k 1k ITERS ...") only after every transfer.
