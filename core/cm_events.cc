@@ -13,6 +13,14 @@
 
 namespace vf {
 
+namespace {
+char g_helper_tag;
+}  // namespace
+
+void* CmEvents::helper_context() {
+  return &g_helper_tag;
+}
+
 int CmEvents::get_event(rdma_event_channel* channel, rdma_cm_event** event) {
   if (event == nullptr) {  // as librdmacm: EINVAL, before anything is read
     errno = EINVAL;
@@ -30,7 +38,7 @@ int CmEvents::get_event(rdma_event_channel* channel, rdma_cm_event** event) {
     const int rc = api_.get_cm_event(channel, &real);
     if (rc != 0) return rc;
     std::unique_lock lock(mu_);
-    if (helper_ids_.count(real->id) != 0) {
+    if (real->id != nullptr && real->id->context == helper_context()) {
       // A helper's event stands for one of the shim's (its first; any later one is only
       // dropped): never shown, acknowledged, and the helper goes (rdma_destroy_id waits for
       // its events to be acknowledged: ack first).
@@ -45,7 +53,6 @@ int CmEvents::get_event(rdma_event_channel* channel, rdma_cm_event** event) {
       if (own == nullptr) continue;
       api_.destroy_id(helper);
       lock.lock();
-      helper_ids_.erase(helper);
       if (may_show_own(own)) {
         *event = show(own);
         return 0;
@@ -59,21 +66,18 @@ int CmEvents::get_event(rdma_event_channel* channel, rdma_cm_event** event) {
       ids_[real->id] = IdState{qp, qp->qp_num, false};
       const auto early = std::find(early_.begin(), early_.end(), std::make_pair(qp, qp->qp_num));
       if (early != early_.end()) {
-        // The peer disconnected before this ESTABLISHED was read: the application gets it
-        // first, and the DISCONNECTED at its next read.
+        // The disconnect came before this ESTABLISHED was read: the application gets it
+        // first, and the DISCONNECTED after it (a helper's event wakes a reader that polls).
         early_.erase(early);
-        auto* own = new rdma_cm_event{};
-        own->id = real->id;
-        own->event = RDMA_CM_EVENT_DISCONNECTED;
-        pending_.insert(own);
-        ready_[channel].push_back(own);
+        give_disconnected_locked(real->id);
       }
     } else if (real->event == RDMA_CM_EVENT_DISCONNECTED && real->id != nullptr) {
       auto it = ids_.find(real->id);
       if (it != ids_.end() && it->second.disconnect_shown) {
+        const std::uint32_t qpn = it->second.qpn;
         lock.unlock();
         VF_LOG_DEBUG("rdma_cm: the CM's DISCONNECTED for qp {} came after the shim's; dropped",
-                     it->second.qpn);
+                     qpn);
         api_.ack_cm_event(real);
         continue;
       }
@@ -94,7 +98,7 @@ bool CmEvents::ack_own_event(rdma_cm_event* event) {
 
 void CmEvents::before_destroy(rdma_cm_id* id) {
   std::unique_lock lock(mu_);
-  ids_.erase(id);
+  if (auto it = ids_.find(id); it != ids_.end()) it->second.destroying = true;
   for (rdma_cm_event* own : pending_) {
     if (own->id == id) own->id = nullptr;  // dropped where it waits (helper, ready queue)
   }
@@ -105,15 +109,21 @@ void CmEvents::before_destroy(rdma_cm_id* id) {
   });
 }
 
-void CmEvents::peer_disconnected(ibv_qp* qp, std::uint32_t qpn) {
+void CmEvents::after_destroy(rdma_cm_id* id) {
+  std::lock_guard lock(mu_);
+  // A new id at the same address may have reached ESTABLISHED since: its entry stays.
+  if (auto it = ids_.find(id); it != ids_.end() && it->second.destroying) ids_.erase(it);
+}
+
+void CmEvents::disconnected(ibv_qp* qp, std::uint32_t qpn) {
   std::lock_guard lock(mu_);
   auto it = std::find_if(ids_.begin(), ids_.end(), [&](const auto& entry) {
-    return entry.second.qp == qp && entry.second.qpn == qpn;
+    return entry.second.qp == qp && entry.second.qpn == qpn && !entry.second.destroying;
   });
   if (it == ids_.end()) {
     // Its ESTABLISHED may not be read yet (or the QP is not rdma_cm's: then it never is).
-    VF_LOG_DEBUG("rdma_cm: qp {} has no rdma_cm id that saw ESTABLISHED yet; the peer's "
-                 "disconnect waits for it",
+    VF_LOG_DEBUG("rdma_cm: qp {} has no rdma_cm id that saw ESTABLISHED yet; its DISCONNECTED "
+                 "waits for it",
                  qpn);
     if (early_.size() == kMaxEarlyDisconnects) early_.pop_front();
     early_.emplace_back(qp, qpn);
@@ -121,13 +131,6 @@ void CmEvents::peer_disconnected(ibv_qp* qp, std::uint32_t qpn) {
   }
   if (it->second.disconnect_shown) return;  // the CM's own came first
   give_disconnected_locked(it->first);
-}
-
-void CmEvents::local_disconnected(rdma_cm_id* id) {
-  std::lock_guard lock(mu_);
-  auto it = ids_.find(id);
-  if (it == ids_.end() || it->second.disconnect_shown) return;
-  give_disconnected_locked(id);
 }
 
 bool CmEvents::disconnect_shown(rdma_cm_id* id) {
@@ -172,12 +175,11 @@ void CmEvents::give_disconnected_locked(rdma_cm_id* id) {
   int error = 0;
   for (sockaddr_storage& to : targets) {
     rdma_cm_id* helper = nullptr;
-    if (api_.create_id(channel, &helper, nullptr, RDMA_PS_TCP) != 0) {
+    if (api_.create_id(channel, &helper, helper_context(), RDMA_PS_TCP) != 0) {
       error = errno;
       break;
     }
-    // Known as a helper before it can have an event (the resolution queues it).
-    helper_ids_.insert(helper);
+    // Known before it can have an event (the resolution queues it).
     helpers_[helper] = own;
     if (api_.resolve_addr(helper, nullptr, reinterpret_cast<sockaddr*>(&to),
                           kHelperResolveTimeoutMs) == 0) {
@@ -186,7 +188,6 @@ void CmEvents::give_disconnected_locked(rdma_cm_id* id) {
     error = errno;
     helpers_.erase(helper);
     api_.destroy_id(helper);  // no event: nothing to wait for
-    helper_ids_.erase(helper);
   }
   VF_LOG_WARN("rdma_cm: no helper id could wake the reader of the event channel ({}); the "
               "DISCONNECTED is given at the channel's next rdma_get_cm_event",
@@ -212,7 +213,7 @@ rdma_cm_event* CmEvents::take_ready(rdma_event_channel* channel) {
 bool CmEvents::may_show_own(rdma_cm_event* own) {
   if (own->id == nullptr) return false;
   auto it = ids_.find(own->id);
-  if (it == ids_.end() || it->second.disconnect_shown) return false;
+  if (it == ids_.end() || it->second.destroying || it->second.disconnect_shown) return false;
   it->second.disconnect_shown = true;
   return true;
 }

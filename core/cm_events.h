@@ -35,6 +35,9 @@ struct RdmaCmApi {
 
 class CmEvents {
  public:
+  // The context of the shim's helper ids: their events are told from the application's by it
+  // (an address can be reused by a new id of either kind as soon as one is freed).
+  static void* helper_context();
   // How long the helper's address resolution may take (its event wakes the reader either way:
   // resolved or failed).
   static constexpr int kHelperResolveTimeoutMs = 2000;
@@ -54,13 +57,13 @@ class CmEvents {
   // waits for its own events the same way; it frees the id). id->event (a synchronous id's
   // last event, which the real destroy acknowledges itself) is not waited for.
   void before_destroy(rdma_cm_id* id);
-  // The engine's thread: the peer disconnected the connection of this QP.
-  void peer_disconnected(ibv_qp* qp, std::uint32_t qpn);
-  // rdma_disconnect, once the peer's shim confirmed it: the id gets its DISCONNECTED now, as the
-  // CM's answer to the request would give it (its request may travel over a dead path and be
-  // answered only by the CM's timeout, a minute later; a synchronous id waits for it inside
-  // rdma_disconnect).
-  void local_disconnected(rdma_cm_id* id);
+  // After the real rdma_destroy_id returned: the id is forgotten (before_destroy kept it, marked,
+  // so that a second DISCONNECTED read meanwhile by another thread is still dropped).
+  void after_destroy(rdma_cm_id* id);
+  // The engine's thread: the connection of this QP was disconnected (by the peer, or here with
+  // the peer's shim's confirmation) and the CM's own DISCONNECTED has not come within the grace
+  // (kCmDisconnectGraceNs): the id gets the shim's, unless it got the CM's meanwhile.
+  void disconnected(ibv_qp* qp, std::uint32_t qpn);
   // Whether the id already got its DISCONNECTED (the CM's or the shim's).
   bool disconnect_shown(rdma_cm_id* id);
 
@@ -72,6 +75,7 @@ class CmEvents {
     ibv_qp* qp = nullptr;
     std::uint32_t qpn = 0;
     bool disconnect_shown = false;
+    bool destroying = false;  // between before_destroy and after_destroy
   };
 
   // Makes the id's DISCONNECTED and gives it to the reader of the id's channel: through a
@@ -81,8 +85,8 @@ class CmEvents {
   void give_disconnected_locked(rdma_cm_id* id);
   // One of the shim's events for this channel that can be shown now, or null. Under mu_.
   rdma_cm_event* take_ready(rdma_event_channel* channel);
-  // Whether the shim's event may be shown: its id is known and has not had its DISCONNECTED
-  // (marked as had). Under mu_.
+  // Whether the shim's event may be shown: its id is known, not being destroyed, and has not had
+  // its DISCONNECTED (marked as had). Under mu_.
   bool may_show_own(rdma_cm_event* own);
   rdma_cm_event* show(rdma_cm_event* own);  // pending -> shown; under mu_
 
@@ -90,7 +94,6 @@ class CmEvents {
   std::mutex mu_;
   std::condition_variable acked_;  // an event of the shim was acknowledged
   std::map<rdma_cm_id*, IdState> ids_;
-  std::set<rdma_cm_id*> helper_ids_;               // alive until their destroy returned
   std::map<rdma_cm_id*, rdma_cm_event*> helpers_;  // helper id -> the event it stands for
   std::map<rdma_event_channel*, std::deque<rdma_cm_event*>> ready_;
   std::set<rdma_cm_event*> pending_;  // the shim's events not shown yet (id null: destroyed)

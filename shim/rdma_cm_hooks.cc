@@ -51,7 +51,7 @@ struct RealRdmaCm {
   bool complete = false;
 };
 
-void peer_disconnected(ibv_qp* qp, std::uint32_t qpn);
+void disconnected(ibv_qp* qp, std::uint32_t qpn);
 
 // Found at the first call (librdmacm is loaded by then: its user called in). The engine's
 // handler is set at the same time: only a process that uses rdma_cm needs it.
@@ -74,7 +74,7 @@ const RealRdmaCm& real_rdma_cm() {
                    "shim's rdma_cm hooks pass calls on as they are",
                    kRdmaCmVersion);
     } else if (vf::shim::shim_active()) {
-      vf::FailoverEngine::instance().set_cm_disconnect_handler(peer_disconnected);
+      vf::FailoverEngine::instance().set_cm_disconnect_handler(disconnected);
     }
     return r;
   }();
@@ -88,8 +88,8 @@ vf::CmEvents& cm_events() {
   return *events;
 }
 
-void peer_disconnected(ibv_qp* qp, std::uint32_t qpn) {
-  cm_events().peer_disconnected(qp, qpn);
+void disconnected(ibv_qp* qp, std::uint32_t qpn) {
+  cm_events().disconnected(qp, qpn);
 }
 
 // A missing librdmacm function fails as librdmacm's own calls do: -1 with errno.
@@ -115,8 +115,15 @@ VF_EXPORT int rdma_ack_cm_event(rdma_cm_event* event) {
 
 VF_EXPORT int rdma_destroy_id(rdma_cm_id* id) {
   const RealRdmaCm& real = real_rdma_cm();
-  if (real.complete && id != nullptr) cm_events().before_destroy(id);
-  return real.api.destroy_id != nullptr ? real.api.destroy_id(id) : missing();
+  if (!real.complete || id == nullptr) {
+    return real.api.destroy_id != nullptr ? real.api.destroy_id(id) : missing();
+  }
+  cm_events().before_destroy(id);
+  const int result = real.api.destroy_id(id);
+  const int error = errno;
+  cm_events().after_destroy(id);
+  errno = error;
+  return result;
 }
 
 VF_EXPORT int rdma_disconnect(rdma_cm_id* id) {
@@ -124,12 +131,12 @@ VF_EXPORT int rdma_disconnect(rdma_cm_id* id) {
   if (real.disconnect == nullptr) return missing();
   // Before the CM's request: the peer's shim must know before this process may exit. An id that
   // already got its DISCONNECTED (the peer's, through the CM or its shim) tells nobody: the peer
-  // started it and may be gone. Once the peer's shim confirmed, this id gets its DISCONNECTED
-  // too, as the CM's answer would give it (a synchronous id waits for it in this very call).
+  // started it and may be gone. Once the peer's shim confirmed, the engine gives this id its
+  // own DISCONNECTED after the grace unless the CM's answer comes first (a synchronous id waits
+  // for it in this very call).
   if (real.complete && vf::shim::shim_active() && id != nullptr && id->qp != nullptr &&
-      !cm_events().disconnect_shown(id) &&
-      vf::FailoverEngine::instance().announce_cm_disconnect(id->qp)) {
-    cm_events().local_disconnected(id);
+      !cm_events().disconnect_shown(id)) {
+    vf::FailoverEngine::instance().announce_cm_disconnect(id->qp);
   }
   return real.disconnect(id);
 }

@@ -44,10 +44,13 @@ CmAnnounce announce_cm_disconnect(Engine& e, std::unique_lock<std::mutex>& lock,
   }
   p = find(e, qp);
   if (p != nullptr && p->cm.answered) {
+    // The CM's answer to this side's request may have to travel a dead path (a synchronous id
+    // waits for it inside rdma_disconnect): this side gets the shim's unless the CM's comes.
     VF_LOG_INFO("qp {}: the peer's shim confirmed the rdma_cm disconnect; this connection gets "
-                "its RDMA_CM_EVENT_DISCONNECTED now (the CM's answer may have to travel a dead "
-                "path)",
-                qp->vqpn);
+                "its RDMA_CM_EVENT_DISCONNECTED from the shim unless the CM's comes within {} ms",
+                qp->vqpn, kCmDisconnectGraceNs / 1'000'000);
+    e.cm_disconnects_due.push_back({qp->app_qp, qp->vqpn, monotonic_ns() + kCmDisconnectGraceNs});
+    wake_engine(e);
     return CmAnnounce::kAnswered;
   }
   if (p != nullptr) {
@@ -99,22 +102,27 @@ void handle_cm_disconnect(Engine& e, Protection& p, const CmDisconnect& m) {
   send_on_open_session(e, p, CmDisconnect{p.local, p.remote, true});
   if (p.cm.from_peer) return;
   p.cm.from_peer = true;
-  VF_LOG_INFO("qp {}: the peer's application disconnected its rdma_cm connection; its "
-              "RDMA_CM_EVENT_DISCONNECTED is given to this application (the CM's own request "
-              "may travel over a dead path)",
-              p.qp->vqpn);
-  e.cm_disconnects_due.emplace_back(p.qp->app_qp, p.qp->vqpn);
+  VF_LOG_INFO("qp {}: the peer's application disconnected its rdma_cm connection; this "
+              "application gets RDMA_CM_EVENT_DISCONNECTED from the shim unless the CM's own "
+              "(whose request may travel over a dead path) comes within {} ms",
+              p.qp->vqpn, kCmDisconnectGraceNs / 1'000'000);
+  e.cm_disconnects_due.push_back({p.qp->app_qp, p.qp->vqpn, monotonic_ns() + kCmDisconnectGraceNs});
 }
 
 void run_cm_disconnect_handler(Engine& e, std::unique_lock<std::mutex>& lock) {
   if (e.cm_disconnects_due.empty()) return;
   const CmDisconnectHandler handler = e.cm_disconnect_handler;
-  std::vector<std::pair<ibv_qp*, std::uint32_t>> due = std::move(e.cm_disconnects_due);
-  e.cm_disconnects_due.clear();
-  if (handler == nullptr) return;
+  const std::uint64_t now = monotonic_ns();
+  std::vector<Engine::CmDisconnectDue> due;
+  std::erase_if(e.cm_disconnects_due, [&](const Engine::CmDisconnectDue& entry) {
+    if (entry.due_ns > now) return false;
+    due.push_back(entry);
+    return true;
+  });
+  if (handler == nullptr || due.empty()) return;
   // The handler calls librdmacm, which may open a device (ibv_open_device, into the engine).
   lock.unlock();
-  for (const auto& [qp, qpn] : due) handler(qp, qpn);
+  for (const Engine::CmDisconnectDue& entry : due) handler(entry.qp, entry.qpn);
   lock.lock();
 }
 

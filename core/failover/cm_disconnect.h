@@ -35,11 +35,12 @@ bool send_cm_disconnects(Engine& e);
 
 // A CmDisconnect from the pair's peer (found by the caller): an answer wakes the waiting
 // application thread; a request is answered and, the first time, the QP is queued for the
-// handler (take_cm_disconnects).
+// handler, due after kCmDisconnectGraceNs (the CM's own event may come meanwhile). The asker's
+// own QP is queued the same way once answered (announce_cm_disconnect).
 void handle_cm_disconnect(Engine& e, Protection& p, const CmDisconnect& m);
 
-// The QPs queued by handle_cm_disconnect since the last call, handed to the handler by the
-// engine's thread once it released the lock.
+// The queued QPs whose grace passed, handed to the handler by the engine's thread once it
+// released the lock.
 void run_cm_disconnect_handler(Engine& e, std::unique_lock<std::mutex>& lock);
 
 }  // namespace vf::failover

@@ -172,7 +172,12 @@ struct Engine {
   // application threads wait on, and the peer's disconnects for the handler.
   std::vector<VirtualQp*> cm_pending;
   std::condition_variable cm_answered;
-  std::vector<std::pair<ibv_qp*, std::uint32_t>> cm_disconnects_due;
+  struct CmDisconnectDue {
+    ibv_qp* qp = nullptr;
+    std::uint32_t qpn = 0;
+    std::uint64_t due_ns = 0;  // after the grace in which the CM's own event may come
+  };
+  std::vector<CmDisconnectDue> cm_disconnects_due;
   CmDisconnectHandler cm_disconnect_handler = nullptr;
 };
 

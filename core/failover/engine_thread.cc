@@ -76,7 +76,7 @@ void run_engine(Engine& e) {
     {
       std::lock_guard lock(e.mutex);
       if (has_pending_work(e) || !e.local_inbox.empty() || !e.outbox.empty() ||
-          !e.cm_pending.empty()) {
+          !e.cm_pending.empty() || !e.cm_disconnects_due.empty()) {
         timeout_ms = 20;
       }
       if (e.config.stats_interval_s > 0) {

@@ -89,6 +89,10 @@ static_assert(kFirstHoldDownNs >= kRearmRetryNs && kFirstHoldDownNs <= kMaxHoldD
 constexpr std::uint64_t kCmDisconnectResendNs = 200'000'000;
 constexpr std::uint64_t kCmDisconnectWaitNs = 2'000'000'000;
 static_assert(kCmDisconnectResendNs * 4 <= kCmDisconnectWaitNs, "a few resends fit the wait");
+// The shim gives an rdma_cm id its DISCONNECTED only if the CM's own has not come this long after
+// the disconnect was known: on a working path the CM's comes first and the application sees no
+// second event to be dropped (a program that poll()s a blocking channel fd would then block).
+constexpr std::uint64_t kCmDisconnectGraceNs = 1'000'000'000;
 constexpr std::uint64_t kResumeLateNs = 5'000'000'000ull;
 constexpr std::uint8_t kStandbyRdAtomic = 16;
 // The stats file is rewritten when what it says changes (a pairing, a switch, a resume: rare

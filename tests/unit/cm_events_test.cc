@@ -47,7 +47,7 @@ int fake_ack(rdma_cm_event* event) {
   g_cm->acked.insert(event);
   return 0;
 }
-int fake_create(rdma_event_channel* channel, rdma_cm_id** id, void*, rdma_port_space) {
+int fake_create(rdma_event_channel* channel, rdma_cm_id** id, void* context, rdma_port_space) {
   if (g_cm->create_failures > 0) {
     --g_cm->create_failures;
     errno = ENOMEM;
@@ -55,6 +55,7 @@ int fake_create(rdma_event_channel* channel, rdma_cm_id** id, void*, rdma_port_s
   }
   g_cm->ids.push_back(std::make_unique<rdma_cm_id>());
   g_cm->ids.back()->channel = channel;
+  g_cm->ids.back()->context = context;  // as librdmacm's rdma_create_id
   *id = g_cm->ids.back().get();
   return 0;
 }
@@ -145,7 +146,7 @@ struct CmRig {
 TEST_CASE("the peer's disconnect wakes the channel's reader and is shown once", "[rdma_cm]") {
   CmRig rig;
   CHECK(rig.events.ids_known() == 1);
-  rig.events.peer_disconnected(&rig.c.qp, 17);
+  rig.events.disconnected(&rig.c.qp, 17);
   // One helper, resolving the connection's own address; its event is on the application's channel.
   REQUIRE(rig.cm.ids.size() == 1);
   rdma_cm_id* helper = rig.cm.ids[0].get();
@@ -172,7 +173,7 @@ TEST_CASE("the peer's disconnect wakes the channel's reader and is shown once", 
   CHECK(rig.next() == nullptr);
   CHECK(rig.cm.acked.count(late) == 1);
   // A second notice of the peer changes nothing.
-  rig.events.peer_disconnected(&rig.c.qp, 17);
+  rig.events.disconnected(&rig.c.qp, 17);
   CHECK(rig.cm.ids.size() == 1);
 }
 
@@ -180,12 +181,12 @@ TEST_CASE("the CM's own DISCONNECTED first: the shim's is not shown", "[rdma_cm]
   CmRig rig;
   rdma_cm_event* real = rig.c.cm_event(RDMA_CM_EVENT_DISCONNECTED);
   CHECK(rig.next() == real);
-  rig.events.peer_disconnected(&rig.c.qp, 17);
+  rig.events.disconnected(&rig.c.qp, 17);
   CHECK(rig.cm.ids.empty());  // no helper: nothing to give
   CHECK(rig.next() == nullptr);
   SECTION("and when the notice came between: the helper's event is swallowed") {
     CmRig second;
-    second.events.peer_disconnected(&second.c.qp, 17);
+    second.events.disconnected(&second.c.qp, 17);
     REQUIRE(second.cm.queues[&second.c.channel].size() == 1);
     // The CM's event reaches the application before the helper's.
     second.cm.queues[&second.c.channel].push_front(
@@ -205,7 +206,7 @@ TEST_CASE("no helper can be made: the event waits for the channel's next read", 
   SECTION("resolving both addresses fails") {
     rig.cm.resolve_failures = 2;
   }
-  rig.events.peer_disconnected(&rig.c.qp, 17);
+  rig.events.disconnected(&rig.c.qp, 17);
   CHECK(rig.cm.queues[&rig.c.channel].empty());
   rdma_cm_event* shown = rig.next();
   REQUIRE(shown != nullptr);
@@ -217,7 +218,7 @@ TEST_CASE("no helper can be made: the event waits for the channel's next read", 
 TEST_CASE("the loopback is resolved when the id's own address cannot be", "[rdma_cm]") {
   CmRig rig;
   rig.cm.resolve_failures = 1;
-  rig.events.peer_disconnected(&rig.c.qp, 17);
+  rig.events.disconnected(&rig.c.qp, 17);
   CHECK(rig.cm.resolves == 2);
   rdma_cm_event* shown = rig.next();
   REQUIRE(shown != nullptr);
@@ -229,17 +230,56 @@ TEST_CASE("an id destroyed before its event is read gets nothing", "[rdma_cm]") 
   CmRig rig;
   SECTION("with a helper") {}
   SECTION("without") { rig.cm.create_failures = 1; }
-  rig.events.peer_disconnected(&rig.c.qp, 17);
+  rig.events.disconnected(&rig.c.qp, 17);
   rig.events.before_destroy(&rig.c.id);
-  CHECK(rig.events.ids_known() == 0);
   CHECK(rig.next() == nullptr);
+  rig.events.after_destroy(&rig.c.id);
+  CHECK(rig.events.ids_known() == 0);
+}
+
+TEST_CASE("the CM's DISCONNECTED read while the id is destroyed is still dropped", "[rdma_cm]") {
+  CmRig rig;
+  rig.cm.create_failures = 1;
+  rig.events.disconnected(&rig.c.qp, 17);
+  rdma_cm_event* shown = rig.next();
+  REQUIRE(shown != nullptr);
+  CHECK(rig.events.ack_own_event(shown));
+  rig.events.before_destroy(&rig.c.id);
+  // Another thread reads the CM's own between the two halves of rdma_destroy_id.
+  rig.c.cm_event(RDMA_CM_EVENT_DISCONNECTED);
+  CHECK(rig.next() == nullptr);
+  // A new id at the same address that reached ESTABLISHED meanwhile keeps its entry.
+  rig.c.cm_event(RDMA_CM_EVENT_ESTABLISHED);
+  REQUIRE(rig.next() != nullptr);
+  rig.events.after_destroy(&rig.c.id);
+  CHECK(rig.events.ids_known() == 1);
+  CHECK_FALSE(rig.events.disconnect_shown(&rig.c.id));
+}
+
+TEST_CASE("a helper's events are told by its context, not by its address", "[rdma_cm]") {
+  CmRig rig;
+  rig.events.disconnected(&rig.c.qp, 17);
+  REQUIRE(rig.cm.ids.size() == 1);
+  rdma_cm_id* helper = rig.cm.ids[0].get();
+  CHECK(helper->context == vf::CmEvents::helper_context());
+  // A later event of the helper (an address change) is dropped too, never shown.
+  auto later = std::make_unique<rdma_cm_event>();
+  later->id = helper;
+  later->event = RDMA_CM_EVENT_ADDR_CHANGE;
+  rig.cm.queues[&rig.c.channel].push_back(later.get());
+  rdma_cm_event* shown = rig.next();
+  REQUIRE(shown != nullptr);
+  CHECK(shown->event == RDMA_CM_EVENT_DISCONNECTED);
+  CHECK(rig.next() == nullptr);
+  CHECK(rig.cm.acked.count(later.get()) == 1);
+  CHECK(rig.events.ack_own_event(shown));
 }
 
 TEST_CASE("a destroy after the shim's event was acknowledged returns; id->event is not waited for",
           "[rdma_cm]") {
   CmRig rig;
   rig.cm.create_failures = 1;  // the event waits in the ready queue
-  rig.events.peer_disconnected(&rig.c.qp, 17);
+  rig.events.disconnected(&rig.c.qp, 17);
   rdma_cm_event* shown = rig.next();
   REQUIRE(shown != nullptr);
   SECTION("acknowledged first") {
@@ -251,26 +291,8 @@ TEST_CASE("a destroy after the shim's event was acknowledged returns; id->event 
     rig.events.before_destroy(&rig.c.id);
     CHECK(rig.events.ack_own_event(shown));
   }
+  rig.events.after_destroy(&rig.c.id);
   CHECK(rig.events.ids_known() == 0);
-}
-
-TEST_CASE("the side that disconnected gets its DISCONNECTED once its peer's shim confirmed",
-          "[rdma_cm]") {
-  CmRig rig;
-  CHECK_FALSE(rig.events.disconnect_shown(&rig.c.id));
-  rig.events.local_disconnected(&rig.c.id);
-  rdma_cm_event* shown = rig.next();
-  REQUIRE(shown != nullptr);
-  CHECK(shown->event == RDMA_CM_EVENT_DISCONNECTED);
-  CHECK(shown->id == &rig.c.id);
-  CHECK(rig.events.disconnect_shown(&rig.c.id));
-  CHECK(rig.events.ack_own_event(shown));
-  // The CM's own, after its request timed out on the dead path, is dropped.
-  rig.c.cm_event(RDMA_CM_EVENT_DISCONNECTED);
-  CHECK(rig.next() == nullptr);
-  // And a peer's notice crossing it changes nothing.
-  rig.events.peer_disconnected(&rig.c.qp, 17);
-  CHECK(rig.next() == nullptr);
 }
 
 TEST_CASE("a peer disconnect before the ESTABLISHED is read is given right after it",
@@ -279,7 +301,7 @@ TEST_CASE("a peer disconnect before the ESTABLISHED is read is given right after
   g_cm = &cm;
   vf::CmEvents events(fake_api());
   Connection c;
-  events.peer_disconnected(&c.qp, 17);  // no id known yet
+  events.disconnected(&c.qp, 17);  // no id known yet
   rdma_cm_event* established = c.cm_event(RDMA_CM_EVENT_ESTABLISHED);
   rdma_cm_event* got = nullptr;
   REQUIRE(events.get_event(&c.channel, &got) == 0);
@@ -300,7 +322,7 @@ TEST_CASE("an IPv6 connection's helper falls back to ::1, with a helper of its o
   address->sin6_port = htons(7471);
   inet_pton(AF_INET6, "fd00::2", &address->sin6_addr);
   rig.cm.resolve_failures = 1;
-  rig.events.peer_disconnected(&rig.c.qp, 17);
+  rig.events.disconnected(&rig.c.qp, 17);
   REQUIRE(rig.cm.targets.size() == 2);
   const auto* first = reinterpret_cast<const sockaddr_in6*>(&rig.cm.targets[0]);
   const auto* second = reinterpret_cast<const sockaddr_in6*>(&rig.cm.targets[1]);
@@ -327,8 +349,8 @@ TEST_CASE("QPs without an ESTABLISHED id, and other events, pass as they are", "
   CmRig rig;
   ibv_qp other{};
   other.qp_num = 99;
-  rig.events.peer_disconnected(&other, 99);
-  rig.events.peer_disconnected(&rig.c.qp, 18);  // same QP struct, another QPN: a reused address
+  rig.events.disconnected(&other, 99);
+  rig.events.disconnected(&rig.c.qp, 18);  // same QP struct, another QPN: a reused address
   CHECK(rig.cm.ids.empty());
   rdma_cm_event* real = rig.c.cm_event(RDMA_CM_EVENT_TIMEWAIT_EXIT);
   CHECK(rig.next() == real);

@@ -34,6 +34,11 @@ TEST_CASE("CmDisconnect from the peer: answered every time, handed to the hooks 
     CHECK(reply.remote == rig.p->remote);
   }
   std::unique_lock lock(rig.e->mutex);
+  // Not before the grace: the CM's own DISCONNECTED may still come on a working path.
+  vf::failover::run_cm_disconnect_handler(*rig.e, lock);
+  CHECK(g_handed.empty());
+  REQUIRE(rig.e->cm_disconnects_due.size() == 1);
+  rig.e->cm_disconnects_due[0].due_ns = 0;  // the grace passed
   vf::failover::run_cm_disconnect_handler(*rig.e, lock);
   REQUIRE(g_handed.size() == 1);
   CHECK(g_handed[0].first == &rig.app_qp);
@@ -100,6 +105,10 @@ TEST_CASE("CmDisconnect: the application's thread waits until the answer, not it
   application.join();
   CHECK(result == vf::failover::CmAnnounce::kAnswered);
   CHECK(rig.p->cm.answered);
+  // This side's own DISCONNECTED is due after the grace (the CM's answer may not come).
+  REQUIRE(rig.e->cm_disconnects_due.size() == 1);
+  CHECK(rig.e->cm_disconnects_due[0].qp == &rig.app_qp);
+  CHECK(rig.e->cm_disconnects_due[0].qpn == 17);
 }
 
 TEST_CASE("CmDisconnect for a QP that is not paired with another shim sends nothing",
