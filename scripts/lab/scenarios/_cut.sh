@@ -105,7 +105,7 @@ cut_start() {
     ib_write_bw | ib_send_bw | ib_read_bw)
       # Iterations, not -D: in duration mode perftest stops at the deadline without reaping its
       # outstanding work requests and reports success even when the link died (docs/lab.md).
-      local args=(-d rxe0 -x 1 -s 65536 -n "$CUT_PERFTEST_ITERS" -p "$LAB_PORT")
+      local args=(-d rxe0 -x 1 -s 65536 -n "$CUT_PERFTEST_ITERS" -p "$LAB_PORT" "${PERFTEST_OPTS[@]}")
       app B srv "${CUT_ENV[@]}" -- stdbuf -oL "$workload" "${args[@]}"
       wait_listen B "$LAB_PORT" 30 || lab_fail "$workload server on B is not listening on $LAB_PORT"
       app A cli "${CUT_ENV[@]}" -- stdbuf -oL "$workload" "${args[@]}" "$(ip_of B mgmt)"

@@ -14,7 +14,7 @@ fault_time_rounds() {
   [[ -n ${VERBS_FAILOVER_LOG:-} ]] || env+=(VERBS_FAILOVER_LOG=info)
   for ((i = 1; i <= rounds; i++)); do
     port=$((LAB_PORT + i))  # a fresh port: the previous server's socket may linger in TIME_WAIT
-    local args=(-d rxe0 -x 1 -s 65536 -n "$iters" -p "$port")
+    local args=(-d rxe0 -x 1 -s 65536 -n "$iters" -p "$port" "${PERFTEST_OPTS[@]}")
     app B "srv$i" "${env[@]}" -- stdbuf -oL ib_write_bw "${args[@]}"
     wait_listen B "$port" 30 || lab_fail "round $i: ib_write_bw server did not listen"
     app A "cli$i" "${env[@]}" -- stdbuf -oL ib_write_bw "${args[@]}" "$(ip_of B mgmt)"

@@ -16,7 +16,7 @@ scenario_run() {
     for variant in plain shim; do
       local preload=()
       [[ $variant == shim ]] && preload=(LD_PRELOAD="$VF_SHIM")
-      local args=(-d rxe0 -x 1 -s 65536 -n 400 -p "$port")
+      local args=(-d rxe0 -x 1 -s 65536 -n 400 -p "$port" "${PERFTEST_OPTS[@]}")
       on B "srv$round$variant" "${preload[@]}" -- ib_write_bw "${args[@]}"
       wait_listen B "$port" 30 || lab_fail "ib_write_bw server did not listen"
       on A "cli$round$variant" "${preload[@]}" -- ib_write_bw "${args[@]}" "$(ip_of B mgmt)"
@@ -26,7 +26,7 @@ scenario_run() {
       }
       local bw
       bw=$(perftest_figure A "cli$round$variant" 4)
-      [[ -n $bw ]] || { note "no bandwidth in round $round ($variant)"; return 1; }
+      [[ $bw =~ ^[0-9.]+$ ]] || { note "no bandwidth in round $round ($variant): ${bw:-none}"; return 1; }
       if [[ $variant == shim ]]; then shimmed+=("$bw"); else plain+=("$bw"); fi
       log "round $round $variant: $bw MB/s"
       port=$((port + 1))  # a fresh port: the previous server's socket may linger in TIME_WAIT

@@ -21,7 +21,7 @@ scenario_run() {
   local env=("VERBS_FAILOVER_PAIRS=rxe0:rxe1,rxe1:rxe0")
   [[ -n ${VERBS_FAILOVER_LOG:-} ]] || env+=(VERBS_FAILOVER_LOG=info)
   local port=$((LAB_PORT + 50)) iters=2000
-  local args=(-d rxe0 -x 1 -s 65536 -n "$iters" -p "$port")
+  local args=(-d rxe0 -x 1 -s 65536 -n "$iters" -p "$port" "${PERFTEST_OPTS[@]}")
   app B loaded_srv "${env[@]}" -- stdbuf -oL ib_write_bw "${args[@]}"
   wait_listen B "$port" 30 || lab_fail "the loaded run's server did not listen"
   app A loaded_cli "${env[@]}" -- stdbuf -oL ib_write_bw "${args[@]}" "$(ip_of B mgmt)"

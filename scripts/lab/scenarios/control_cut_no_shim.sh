@@ -13,7 +13,7 @@ SCENARIO_TIMEOUT=150
 scenario_run() {
   # Iterations, not -D: in duration mode perftest stops at the deadline without reaping the
   # outstanding work requests and reports success even when the link died underneath it.
-  local args=(-d rxe0 -x 1 -s 65536 -n 3000 -p "$LAB_PORT")
+  local args=(-d rxe0 -x 1 -s 65536 -n 3000 -p "$LAB_PORT" "${PERFTEST_OPTS[@]}")
   # Line-buffered so that the report header (printed as traffic starts) reaches the log at once.
   app B srv -- stdbuf -oL ib_write_bw "${args[@]}"
   wait_listen B "$LAB_PORT" 30 || lab_fail "ib_write_bw server on B is not listening on $LAB_PORT"

@@ -27,7 +27,7 @@ scenario_run() {
   [[ -n ${VERBS_FAILOVER_LOG:-} ]] || env+=(VERBS_FAILOVER_LOG=info)
   # Duration mode: the verdict here is the failback and the exit status, not the byte count
   # (perftest does not reap its outstanding requests at the deadline; docs/lab.md).
-  local args=(-d rxe0 -x 1 -s 65536 -D "$FLAP_DURATION" -p "$LAB_PORT")
+  local args=(-d rxe0 -x 1 -s 65536 -D "$FLAP_DURATION" -p "$LAB_PORT" "${PERFTEST_OPTS[@]}")
   app B srv "${env[@]}" -- stdbuf -oL "$FLAP_WORKLOAD" "${args[@]}"
   wait_listen B "$LAB_PORT" 30 || lab_fail "$FLAP_WORKLOAD server on B is not listening on $LAB_PORT"
   app A cli "${env[@]}" -- stdbuf -oL "$FLAP_WORKLOAD" "${args[@]}" "$(ip_of B mgmt)"

@@ -48,7 +48,7 @@ scenario_run() {
   [[ -n $before ]] || lab_fail "A's rail 0 GID is not in rxe0's table"
   figure gid_index_before "$before"
   # The application's GID index is the one of A's rail 0 address, as a user would pick it.
-  local args=(-d rxe0 -x "$before" -s 65536 -D "$GID_DURATION" -p "$LAB_PORT")
+  local args=(-d rxe0 -x "$before" -s 65536 -D "$GID_DURATION" -p "$LAB_PORT" "${PERFTEST_OPTS[@]}")
   app B srv "${env[@]}" -- stdbuf -oL ib_write_bw "${args[@]}"
   wait_listen B "$LAB_PORT" 30 || lab_fail "ib_write_bw server on B is not listening on $LAB_PORT"
   app A cli "${env[@]}" -- stdbuf -oL ib_write_bw "${args[@]}" "$(ip_of B mgmt)"
