@@ -235,6 +235,7 @@ ConfigResult parse_config(const EnvLookup& env, int pid) {
   }
   milliseconds("VERBS_FAILOVER_PORT_STABLE_MS", Config::kMaxPortStableMs, config.port_stable_ms);
   milliseconds("VERBS_FAILOVER_GRACE_MS", Config::kMaxGraceMs, config.grace_ms);
+  milliseconds("VERBS_FAILOVER_PROBE_MS", Config::kMaxProbeMs, config.probe_ms);
   if (auto value = env("VERBS_FAILOVER_QP_TIMEOUT")) {
     const auto exponent = parse_unsigned(*value);
     if (exponent && *exponent >= 1 && *exponent <= 31) {

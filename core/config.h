@@ -39,6 +39,10 @@ struct Config {
   // yet (being re-armed after a failback, its port down), waits for a path with its work held and
   // its errors hidden before the application sees the failure (0: at once).
   std::uint32_t grace_ms = kDefaultGraceMs;
+  // VERBS_FAILOVER_PROBE_MS: how often the idle standby of each protected QP is probed over its
+  // own data path (a zero-length RDMA WRITE; 0: never, a dead standby is then found only when a
+  // failover needs it).
+  std::uint32_t probe_ms = kDefaultProbeMs;
 
   // Optics that flap do so within seconds, and a port can report ACTIVE a moment before its data
   // path carries traffic; two seconds is short against a repair and long against one blink.
@@ -48,6 +52,10 @@ struct Config {
   // RC timeout (NCCL's 20 with 7 retries: ~30 s) would report a dead link later than this.
   static constexpr std::uint32_t kDefaultGraceMs = 10'000;
   static constexpr std::uint32_t kMaxGraceMs = 600'000;
+  // One packet and its acknowledgement per idle QP and second: nothing against the traffic,
+  // and a dead standby is known within about 1.5 s (the period and the probe's retries).
+  static constexpr std::uint32_t kDefaultProbeMs = 1000;
+  static constexpr std::uint32_t kMaxProbeMs = 600'000;
   static constexpr std::uint8_t kDefaultQpTimeout = 14;        // 67 ms per try, ~0.5 s to RETRY_EXC
   // Not perftest's or rc_pingpong's default 18515: the shim starts listening when a device is
   // opened, before those programs bind their own port.

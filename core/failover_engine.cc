@@ -42,6 +42,7 @@ void FailoverEngine::configure(const Config& config, const VerbsApi& verbs, std:
   e.config = config;
   e.port_stable_ns = static_cast<std::uint64_t>(config.port_stable_ms) * 1'000'000;
   e.grace_ns = static_cast<std::uint64_t>(config.grace_ms) * 1'000'000;
+  e.probe_interval_ns = static_cast<std::uint64_t>(config.probe_ms) * 1'000'000;
   e.verbs = verbs;
   e.program = std::move(program);
   e.configured = true;

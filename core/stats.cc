@@ -79,11 +79,13 @@ std::string render_qp(const QpStats& qp) {
       "\"path\": {}, "
       "\"state\": {}, \"unprotected_reason\": {}, \"failovers\": {}, \"failbacks\": {}, "
       "\"replayed_wrs\": {}, \"hidden_error_completions\": {}, \"hidden_async_events\": {}, "
-      "\"synthesized_completions\": {},\n     \"events\": [",
+      "\"synthesized_completions\": {}, \"standby_probes\": {}, \"standby_probe_failures\": {},"
+      "\n     \"events\": [",
       qp.qpn, json_quote(qp.device), optional_string(qp.backup), optional_string(qp.peer),
       qp.is_protected ? "true" : "false", json_quote(qp.path), json_quote(qp.state),
       json_quote(qp.unprotected_reason), qp.failovers, qp.failbacks, qp.replayed_wrs,
-      qp.hidden_error_completions, qp.hidden_async_events, qp.synthesized_completions);
+      qp.hidden_error_completions, qp.hidden_async_events, qp.synthesized_completions,
+      qp.standby_probes, qp.standby_probe_failures);
   for (std::size_t i = 0; i < qp.events.size(); ++i) {
     if (i != 0) out += ", ";
     out += render_event(qp.events[i]);

@@ -39,6 +39,8 @@ struct QpStats {
   std::uint64_t hidden_error_completions = 0;
   std::uint64_t hidden_async_events = 0;
   std::uint64_t synthesized_completions = 0;
+  std::uint64_t standby_probes = 0;          // probes of the idle standby (path_probe.h)
+  std::uint64_t standby_probe_failures = 0;  // of which failed or went unanswered
   std::vector<SwitchEvent> events;
 };
 

@@ -29,6 +29,25 @@ inline const char* qp_state_name(ibv_qp_state state) {
   }
 }
 
+// The statuses a request's completion takes on a path that fails or refuses it; others by number.
+inline const char* wc_status_name(ibv_wc_status status) {
+  switch (status) {
+    case IBV_WC_SUCCESS: return "SUCCESS";
+    case IBV_WC_RETRY_EXC_ERR: return "RETRY_EXC_ERR";
+    case IBV_WC_RNR_RETRY_EXC_ERR: return "RNR_RETRY_EXC_ERR";
+    case IBV_WC_RESP_TIMEOUT_ERR: return "RESP_TIMEOUT_ERR";
+    case IBV_WC_WR_FLUSH_ERR: return "WR_FLUSH_ERR";
+    case IBV_WC_LOC_QP_OP_ERR: return "LOC_QP_OP_ERR";
+    case IBV_WC_LOC_PROT_ERR: return "LOC_PROT_ERR";
+    case IBV_WC_REM_ACCESS_ERR: return "REM_ACCESS_ERR";
+    case IBV_WC_REM_INV_REQ_ERR: return "REM_INV_REQ_ERR";
+    case IBV_WC_REM_OP_ERR: return "REM_OP_ERR";
+    case IBV_WC_FATAL_ERR: return "FATAL_ERR";
+    case IBV_WC_GENERAL_ERR: return "GENERAL_ERR";
+    default: return "other";
+  }
+}
+
 inline const char* wr_opcode_name(ibv_wr_opcode opcode) {
   switch (opcode) {
     case IBV_WR_RDMA_WRITE: return "RDMA_WRITE";

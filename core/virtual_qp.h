@@ -33,6 +33,10 @@ inline constexpr std::uint64_t kStandbyReceiveTag = 1ull << 63;
 // it to ERR. A receive queue completes in order, so its flush says every receive posted before
 // it has reported (docs/design.md §5d). ("VFDRAIN" in ASCII; an application wr_id is hardly it.)
 inline constexpr std::uint64_t kDrainMarkerWrId = 0x0056464452414953ull;
+// The wr_id of a probe the engine posts on an idle standby (core/failover/path_probe.h): this
+// bit, clear in the standby's ring sequences and receive tags, and the probe's number.
+inline constexpr std::uint64_t kProbeTag = 1ull << 62;
+inline constexpr bool is_probe_wr_id(std::uint64_t wr_id) { return (wr_id >> 62) == 1; }
 inline constexpr int kPrimary = static_cast<int>(PathId::kPrimary);
 inline constexpr int kStandby = static_cast<int>(PathId::kStandby);
 inline constexpr int other_path(int path) { return 1 - path; }
@@ -100,6 +104,7 @@ struct CqState {
   std::atomic<bool> stash_nonempty{false};  // hint read before taking the lock
   std::atomic<bool> shadow_active{false};   // some QP's traffic runs on the shadow
   std::atomic<bool> notify_armed{false};    // the application armed it since the last stash event
+  std::atomic<bool> notify_solicited_only{false};  // how it last armed it
   // Completion events of the shadow (or the stash) due to the application's channel, and those
   // handed out and not yet acknowledged by it (ibv_ack_cq_events is split accordingly).
   ShadowEvents shadow_events;
@@ -120,6 +125,13 @@ struct CqState {
   // completion as the application's poll would; the stash grows as needed, so nothing is left.
   static constexpr int kDrainBatch = 16;
   void drain_into_stash(int path);
+  // Engine, while no QP of the CQ runs on the shadow (shadow_active false: no application thread
+  // polls the shadow then, and only the engine sets the flag): polls the shadow without the CQ's
+  // lock, so that the probes of idle standbys (core/failover/path_probe.h) never revoke the
+  // lock's bias (core/spin_lock.h). A probe's completion goes to its QP (record_probe_answer);
+  // anything else through the application's bookkeeping, under the locks, into the stash.
+  // Returns whether the stash got any.
+  bool poll_idle_shadow();
 
   // Under lock: polls `path`'s physical CQ, keeps what the application must see (returned);
   // *raw says how many the provider gave (hidden ones included).
@@ -264,6 +276,21 @@ class VirtualQp {
   // The drain marker's flush was polled on this path (on_completion_locked sets it).
   bool drain_marker_seen(int path) const { return drain_marker_seen_[path]; }
   void clear_drain_marker(int path) { drain_marker_seen_[path] = false; }
+  // The latest probe completion polled on the standby (by the application's poll of an active
+  // shadow, or by the engine: CqState::poll_idle_shadow): its wr_id and status, which the engine
+  // reads without the QP's lock (path_probe.cc compares the wr_id with the probe it waits for).
+  // Atomics, not the lock: an engine that took the lock once a second would spend the lock's
+  // bias budget (core/spin_lock.h) and leave the application's fast path slower for good.
+  void record_probe_answer(const ibv_wc& wc) {
+    probe_answer_status_.store(wc.status, std::memory_order_relaxed);
+    probe_answer_wr_id_.store(wc.wr_id, std::memory_order_release);
+  }
+  std::uint64_t probe_answer_wr_id() const {
+    return probe_answer_wr_id_.load(std::memory_order_acquire);
+  }
+  ibv_wc_status probe_answer_status() const {
+    return probe_answer_status_.load(std::memory_order_relaxed);
+  }
   RetransmitRing& send_ring() { return send_ring_; }
   const RetransmitRing& send_ring() const { return send_ring_; }
   ReceiveRing& recv_ring() { return recv_ring_; }
@@ -363,6 +390,8 @@ class VirtualQp {
   std::atomic<int> active_{kPrimary};
   bool accepting_[kPathCount] = {true, false};
   bool drain_marker_seen_[kPathCount] = {false, false};
+  std::atomic<std::uint64_t> probe_answer_wr_id_{0};
+  std::atomic<ibv_wc_status> probe_answer_status_{IBV_WC_SUCCESS};
   RetransmitRing send_ring_;
   ReceiveRing recv_ring_;
   std::uint64_t next_send_to_post_ = 1;  // ring sequence

@@ -512,6 +512,11 @@ void VirtualQp::retire_released_srq_receives(const std::vector<HeldError>& relea
 }
 
 bool VirtualQp::on_completion_locked(CqState& cq, int p, ibv_wc& wc) {
+  if (__builtin_expect(p == kStandby && is_probe_wr_id(wc.wr_id), 0)) {
+    // The engine's probe (path_probe.cc), never the application's, whatever path is active.
+    record_probe_answer(wc);
+    return false;
+  }
   if (__builtin_expect(!accepting_[p], 0)) {
     // A path traffic has left: whatever it still reports was drained, replayed or synthesized.
     if (wc.wr_id == kDrainMarkerWrId && wc.status == IBV_WC_WR_FLUSH_ERR) {
@@ -680,6 +685,33 @@ void CqState::drain_into_stash(int p) {
   }
   if (stash.size() > 0) stash_nonempty.store(true, std::memory_order_relaxed);
   lock.unlock();
+}
+
+bool CqState::poll_idle_shadow() {
+  bool stashed = false;
+  ibv_wc batch[kDrainBatch];
+  for (;;) {
+    const int polled = shadow->context->ops.poll_cq(shadow, kDrainBatch, batch);
+    for (int i = 0; i < polled; ++i) {
+      if (is_probe_wr_id(batch[i].wr_id)) {
+        if (VirtualQp* qp = find_virtual_qp_by_qpn(shadow_device_index, batch[i].qp_num)) {
+          qp->record_probe_answer(batch[i]);
+        }
+        continue;
+      }
+      // A late completion of a path traffic has left (hidden) or one the application must get:
+      // rare, so the locks' cost does not matter here.
+      lock.lock();
+      if (keep_for_application_locked(kStandby, 1, &batch[i]) == 1) {
+        stash.push(batch[i]);
+        stash_nonempty.store(true, std::memory_order_relaxed);
+        stashed = true;
+      }
+      lock.unlock();
+    }
+    if (polled < kDrainBatch) break;
+  }
+  return stashed;
 }
 
 // ---------------------------------------------------------------- ibv_wr_* batches

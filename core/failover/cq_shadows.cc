@@ -155,6 +155,7 @@ void req_notify(ibv_cq* cq, int solicited_only) {
   CqState* state = find_cq_state(cq);
   if (state == nullptr) return;
   state->notify_armed.store(true);
+  state->notify_solicited_only.store(solicited_only != 0);
   if (state->shadow == nullptr || state->shadow_channel == nullptr) return;
   ibv_req_notify_cq(state->shadow, solicited_only);
 }
@@ -167,19 +168,24 @@ void retire_shadow_if_unused(Engine& e, CqState& cq) {
     if (v.send_cq != &cq && v.recv_cq != &cq) continue;
     if (p.sw.in_progress || v.active_path() == kStandby) return;
   }
-  cq.drain_into_stash(kStandby);
+  // Off first: a poller that read "active" under the CQ's lock is done with the shadow once the
+  // drain has the lock, and none polls it after; the engine may then poll it without the lock
+  // (CqState::poll_idle_shadow).
   cq.shadow_active.store(false);
+  cq.drain_into_stash(kStandby);
 }
 
-void reserve_shadow_entries(Engine& e, CqState& state, std::uint32_t entries) {
+bool reserve_shadow_entries(Engine& e, CqState& state, std::uint32_t entries) {
   state.shim_entries += entries;
   const int wanted = state.app_cq->cqe + static_cast<int>(state.shim_entries);
-  if (state.shadow == nullptr || state.shadow->cqe >= wanted) return;
+  if (state.shadow == nullptr || state.shadow->cqe >= wanted) return true;
   if (e.verbs.resize_cq == nullptr || e.verbs.resize_cq(state.shadow, wanted) != 0) {
     VF_LOG_WARN("cq {}: growing its shadow to {} entries failed; a switch may overrun it (the "
                 "shim reports it if it does)",
                 static_cast<const void*>(state.app_cq), wanted);
+    return false;
   }
+  return true;
 }
 
 }  // namespace vf::failover

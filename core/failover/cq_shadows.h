@@ -24,8 +24,10 @@ bool ensure_shadow(Engine& e, CqState& state, int backup_device);
 
 // A protected QP of this CQ has its standby on the shadow: room for what the shim adds there
 // itself (`entries`: a drain marker per QP whose receives land here), so that the shadow cannot
-// overrun where the application's CQ would not (issue 19 item 9). Grows the shadow when needed.
-void reserve_shadow_entries(Engine& e, CqState& state, std::uint32_t entries);
+// overrun where the application's CQ would not (issue 19 item 9), or a probe's completion per QP
+// whose standby is probed. Grows the shadow when needed; false (the entries counted all the
+// same) when the device would not grow it.
+bool reserve_shadow_entries(Engine& e, CqState& state, std::uint32_t entries);
 
 // After a failback: once no QP of the CQ runs on the standby (or is switching), ibv_poll_cq stops
 // polling the shadow (the healthy path is as before the failover: issue 19 item 11). What the

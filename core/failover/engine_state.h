@@ -168,6 +168,9 @@ struct Engine {
   std::uint64_t first_hold_down_ns = kFirstHoldDownNs;
   std::uint64_t port_stable_ns = 0;  // Config::port_stable_ms, set at start
   std::uint64_t grace_ns = 0;        // Config::grace_ms, set at start (0: no wait for a path)
+  std::uint64_t probe_interval_ns = 0;  // Config::probe_ms, set at start (0: no probes)
+  std::uint64_t next_probe_round_ns = 0;  // path_probe.h
+  std::uint64_t probe_serial = 0;  // numbers every probe of the process (wr_id's low bits)
   // rdma_cm disconnects (cm_disconnect.h): announcements not yet answered, the condition their
   // application threads wait on, and the peer's disconnects for the handler.
   std::vector<VirtualQp*> cm_pending;

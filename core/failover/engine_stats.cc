@@ -42,6 +42,7 @@ std::uint64_t stats_digest(const Engine& e) {
     mix(digest, std::hash<std::string>{}(p.unprotected_reason));
     mix(digest, p.failovers);
     mix(digest, p.failbacks);
+    mix(digest, p.probe.failures);  // not the probes sent: the file is not rewritten for each
     mix(digest, p.events.size());
     mix(digest, v.counters.replayed_wrs.load(std::memory_order_relaxed));
     mix(digest, v.counters.hidden_error_completions.load(std::memory_order_relaxed));
@@ -113,6 +114,8 @@ void write_stats(Engine& e, const char* reason) {
       stats.hidden_error_completions = v.counters.hidden_error_completions.load();
       stats.hidden_async_events = v.counters.hidden_async_events.load();
       stats.synthesized_completions = v.counters.synthesized_completions.load();
+      stats.standby_probes = p.probe.sent;
+      stats.standby_probe_failures = p.probe.failures;
       stats.events = p.events;
       if (p.pending_event != UINT32_MAX && v.counters.resumed_unix_ns.load() != 0) {
         stats.events[p.pending_event].resumed_unix_ns = v.counters.resumed_unix_ns.load();

@@ -23,6 +23,7 @@
 #include "core/failover/engine_stats.h"
 #include "core/failover/memory_mirror.h"
 #include "core/failover/message_dispatch.h"
+#include "core/failover/path_probe.h"
 #include "core/failover/periodic_work.h"
 #include "core/failover/port_events.h"
 #include "core/log.h"
@@ -39,6 +40,17 @@ void handle_shadow_channel(Engine& e, ChannelState& channel) {
   e.verbs.ack_cq_events(cq, 1);
   for (CqState* state : channel.cqs) {
     if (state->shadow == cq) {
+      // The shim's own completions (a probe of an idle standby: path_probe.h) raise the
+      // shadow's event too, and the application must not wake for them: the shadow is polled
+      // into the stash first, and an event with nothing for the application re-arms the shadow
+      // instead (then looks once more: a completion that came before the re-arm raises none).
+      // Only while no QP runs on the shadow (the application polls it otherwise, and a
+      // probe's completion there may then cost it one empty wake-up); without the CQ's lock.
+      if (!state->shadow_active.load() && !state->stash_nonempty.load() &&
+          !state->poll_idle_shadow()) {
+        ibv_req_notify_cq(state->shadow, state->notify_solicited_only.load() ? 1 : 0);
+        if (!state->poll_idle_shadow()) continue;
+      }
       // One event per arming, as on the application's CQ: its ibv_req_notify_cq re-arms both.
       // Counted first, then announced: the semaphore eventfd never holds more tokens than there
       // are events to take (channel_wakeup.cc).
@@ -78,6 +90,11 @@ void run_engine(Engine& e) {
       if (has_pending_work(e) || !e.local_inbox.empty() || !e.outbox.empty() ||
           !e.cm_pending.empty() || !e.cm_disconnects_due.empty()) {
         timeout_ms = 20;
+      }
+      if (const std::uint64_t due = next_probe_due_ns(e); due != 0) {
+        const std::uint64_t now = monotonic_ns();
+        const int until_probe = due > now ? static_cast<int>((due - now) / 1000000) + 1 : 0;
+        timeout_ms = timeout_ms < 0 ? until_probe : std::min(timeout_ms, until_probe);
       }
       if (e.config.stats_interval_s > 0) {
         const std::uint64_t now = monotonic_ns();

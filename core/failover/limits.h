@@ -94,6 +94,19 @@ static_assert(kCmDisconnectResendNs * 4 <= kCmDisconnectWaitNs, "a few resends f
 // second event to be dropped (a program that poll()s a blocking channel fd would then block).
 constexpr std::uint64_t kCmDisconnectGraceNs = 1'000'000'000;
 constexpr std::uint64_t kResumeLateNs = 5'000'000'000ull;
+// A probe of the idle standby (path_probe.h) fails by its transport retries in about 0.5 s
+// (VERBS_FAILOVER_QP_TIMEOUT 14, 6 retries); one with no completion at all after this long (a
+// device that lost it, or retries without end) counts as failed too.
+constexpr std::uint64_t kProbeAnswerTimeoutNs = 5'000'000'000ull;
+// Send-queue slots and shadow CQ entries a standby gets beyond the application's for its probe
+// (one in flight at a time): a failover that replays a full ring there finds the probe still in
+// the queue, and the probe's completion may sit in the shadow on top of the application's.
+constexpr std::uint32_t kProbeSendSlots = 1;
+// A standby just connected is not probed for this long: the side that answers a pairing or a
+// re-arm connects its end first, and the asker's end only when the answer has crossed the control
+// channel and its engine got to it (milliseconds, more under load); a probe before would meet a
+// QP still in INIT, which drops it silently, and count as a failure of a sound path.
+constexpr std::uint64_t kProbeQuietAfterConnectNs = 3'000'000'000ull;
 constexpr std::uint8_t kStandbyRdAtomic = 16;
 // The stats file is rewritten when what it says changes (a pairing, a switch, a resume: rare
 // events), at most this often, so that a rank ended by a signal (no exit handler runs) leaves a

@@ -297,8 +297,8 @@ void handle_path_status(Engine& e, const PathStatus& message) {
     rearm.needed = true;
     const PhysicalPath& ours = v.path[path];
     if (port_active(e, ours.device_index, ours.port)) {  // else our own reason says more
-      set_unprotected(*p, fmt::format("the peer's end of its {} path lost its port; running on "
-                                      "the {} path alone",
+      set_unprotected(*p, fmt::format("the peer's end of its {} path failed (its port went down, "
+                                      "or a probe of it failed); running on the {} path alone",
                                       path_name(path), path_name(v.active_path())));
     }
     return;

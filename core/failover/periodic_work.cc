@@ -11,6 +11,7 @@
 #include "core/failover/message_dispatch.h"
 #include "core/failover/pair_end.h"
 #include "core/failover/pairing.h"
+#include "core/failover/path_probe.h"
 #include "core/failover/path_recovery.h"
 #include "core/failover/path_switch.h"
 #include "core/failover/path_wait.h"
@@ -71,6 +72,7 @@ void report_late_resume(Engine& e, Protection& p) {
 
 void periodic_work(Engine& e) {
   const std::uint64_t now = monotonic_ns();
+  const bool probe_round = probe_round_due(e, now);
   for (auto& [app_srq, g] : e.srqs) {
     if (g.pending.active) switch_srq_group(e, g, g.pending.target, g.pending.reason, nullptr, 0, 0);
   }
@@ -157,6 +159,7 @@ void periodic_work(Engine& e) {
     }
     for (int path = 0; path < kPathCount; ++path) maybe_rearm(e, p, path);
     try_deferred_failback(e, p);
+    probe_idle_standby(e, p, now, probe_round);
     continue_path_wait(e, p);
     if (p.pending_event != UINT32_MAX && !p.resume_late_reported && !p.sw.in_progress &&
         now > p.switched_monotonic_ns && now - p.switched_monotonic_ns > e.resume_late_ns &&
@@ -187,7 +190,8 @@ bool has_pending_work(Engine& e) {
     if (p.destroyed) continue;
     if (p.pairing || p.start_pairing_pending || p.pending_event != UINT32_MAX ||
         p.rearm[0].needed || p.rearm[1].needed || p.sw.in_progress || p.failback_deferred ||
-        p.path_wait.active || p.qp->translation_missing.load() || p.qp->post_retry_due.load()) {
+        p.path_wait.active || p.qp->translation_missing.load() || p.qp->post_retry_due.load() ||
+        probe_in_flight(p)) {
       return true;
     }
   }

@@ -98,6 +98,18 @@ struct QpAttrs {  // what the application gave its QP, to re-connect the primary
   int init_mask = 0, rtr_mask = 0, rts_mask = 0;
 };
 
+// The probe of the idle standby (path_probe.h).
+struct ProbeState {
+  std::uint64_t in_flight = 0;  // the wr_id of the probe awaiting its completion (0: none)
+  std::uint64_t posted_ns = 0;
+  // No probe before (the standby was just connected: the peer's end may not be yet).
+  std::uint64_t quiet_until_ns = 0;
+  std::uint64_t sent = 0;    // for the stats
+  std::uint64_t failures = 0;
+  bool disabled = false;  // no slot for it, or the standby refused one: no probes of this QP
+  bool slot_reserved = false;  // the standby's extra send slot and shadow entry (qp_lifecycle)
+};
+
 // rdma_cm's disconnect told over the control channel (cm_disconnect.h).
 struct CmDisconnectState {
   bool asked = false;      // this application called rdma_disconnect: the peer is told
@@ -161,6 +173,7 @@ struct Protection {
   std::uint64_t switched_monotonic_ns = 0;   // when the latest switch finished
   bool resume_late_reported = false;         // the latest switch's "no completion yet" line
   CmDisconnectState cm;
+  ProbeState probe;
 };
 
 // A shared receive queue and the protected QPs that take receives from it: they switch paths

@@ -91,7 +91,14 @@ void qp_created(Engine& e, ibv_qp* qp, const ibv_qp_init_attr_ex& attr) {
     standby_attr.cap.max_recv_wr = 0;
     standby_attr.cap.max_recv_sge = 0;
   }
+  standby_attr.cap.max_send_wr = cap.max_send_wr + kProbeSendSlots;
   ibv_qp* standby = e.verbs.create_qp(pd->shadow, &standby_attr);
+  const bool probe_slot = standby != nullptr;
+  if (standby == nullptr) {
+    // The device's limit: the standby as the application's QP, and no probes for it.
+    standby_attr.cap.max_send_wr = cap.max_send_wr;
+    standby = e.verbs.create_qp(pd->shadow, &standby_attr);
+  }
   if (standby == nullptr) {
     return pass_through(fmt::format("creating its standby QP on {} failed ({})",
                                     e.devices[backup].name, strerror(errno)),
@@ -122,8 +129,22 @@ void qp_created(Engine& e, ibv_qp* qp, const ibv_qp_init_attr_ex& attr) {
     // application's completions; given back when the QP is destroyed.
     reserve_shadow_entries(e, *recv_cq, 1);
   }
+  // The probe's completion may sit in the shadow on top of the application's: without room for
+  // it there (the device's limit) the standby is not probed, lest the shadow overrun.
+  bool probe_room = probe_slot;
+  if (probe_slot && !reserve_shadow_entries(e, *send_cq, kProbeSendSlots)) {
+    send_cq->shim_entries -= kProbeSendSlots;
+    probe_room = false;
+  }
   Protection& p = e.protections[v];
   p.qp = std::move(virtual_qp);
+  p.probe.slot_reserved = probe_room;
+  p.probe.disabled = !probe_room;
+  if (!probe_room) {
+    VF_LOG_INFO("qp {}: its standby is not probed (no {} for the probe on {}: the device's "
+                "limit); a dead standby is found only when a failover needs it",
+                qp->qp_num, probe_slot ? "CQ entry" : "send-queue slot", e.devices[backup].name);
+  }
   p.app_pd = attr.pd;
   p.unprotected_reason = "not paired yet (the application has not connected it)";
   datapath_registries::qps_by_qpn.insert(qpn_registry_key(device, qp->qp_num), v);
@@ -373,6 +394,9 @@ void qp_destroying(Engine& e, ibv_qp* qp) {
   v->recv_cq->lock.unlock();
   if (v->path[kStandby].qp != nullptr) e.verbs.destroy_qp(v->path[kStandby].qp);
   if (v->srq == nullptr && v->recv_cq->shim_entries > 0) --v->recv_cq->shim_entries;
+  if (it->second.probe.slot_reserved && v->send_cq->shim_entries >= kProbeSendSlots) {
+    v->send_cq->shim_entries -= kProbeSendSlots;
+  }
   e.physical_states.erase(qp);
   // Keep the stats of a QP that existed (the file reports every QP of the run).
   Protection& p = it->second;

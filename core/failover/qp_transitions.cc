@@ -229,6 +229,11 @@ ibv_ece agree_ece(const ibv_ece& mine, const PairRequest& theirs) {
 bool connect_standby(Engine& e, Protection& p, std::uint32_t dest_qpn, const Gid& dest_gid,
                      std::uint32_t dest_psn, std::uint8_t peer_mtu) {
   PhysicalPath& standby = p.qp->path[kStandby];
+  // A probe in flight dies with the QP's reset (mlx5 even purges its completion), and the peer's
+  // end may connect only when our answer reaches it: no probe until it has had time to
+  // (path_probe.h).
+  p.probe.in_flight = 0;
+  p.probe.quiet_until_ns = monotonic_ns() + kProbeQuietAfterConnectNs;
   const Device& device = e.devices[standby.device_index];
   EngineQpLink link;
   link.mtu = standby_mtu(e, p);
@@ -315,6 +320,7 @@ std::uint32_t random_psn() {
 }
 
 bool reset_path(Engine& e, Protection& p, int path, StepFailure* failure) {
+  if (path == kStandby) p.probe.in_flight = 0;  // it dies with the reset, with no completion
   PhysicalPath& physical = p.qp->path[path];
   const unsigned int access = path == kPrimary && (p.attrs.init_mask & IBV_QP_ACCESS_FLAGS)
                                   ? p.attrs.init.qp_access_flags

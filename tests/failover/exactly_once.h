@@ -228,6 +228,7 @@ void scenario_failback_in_flight(void);
 void scenario_failback_gid_moved(void);
 void scenario_standby_blink(void);
 void scenario_silent_cut_repaired(void);
+void scenario_standby_silent(void);
 
 /* ------------------------------------------------------------------ exactly_once_selftest.c */
 

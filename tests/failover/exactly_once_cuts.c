@@ -403,6 +403,7 @@ static const struct scenario kScenarios[] = {
     {"failback_in_flight", scenario_failback_in_flight},
     {"failback_gid_moved", scenario_failback_gid_moved},
     {"standby_blink", scenario_standby_blink},
+    {"standby_silent", scenario_standby_silent},
     {"no_cut", scenario_no_cut},
     {"ack_lost", scenario_ack_lost},
 };

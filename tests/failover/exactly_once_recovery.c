@@ -173,7 +173,7 @@ void scenario_standby_blink(void) {
     if (fv.port_down(device) != 0) setup_fail("fake_verbs_port_down(%d)", device);
     const struct protection_want lost[2] = {
         {owner, 0, kBlinks[i].own_reason},
-        {owner->peer, 0, "the peer's end of its standby path lost its port"}};
+        {owner->peer, 0, "the peer's end of its standby path failed"}};
     if (wait_protection(lost, 2, "both QPs say their standby is lost") != 0) return;
     post_op(&g_a, IBV_WR_RDMA_WRITE, 700, 0, 0);
     post_op(&g_a, IBV_WR_RDMA_WRITE_WITH_IMM, 120, SIG, 0x5b01u + (unsigned)i);
@@ -192,6 +192,47 @@ void scenario_standby_blink(void) {
   post_op(&g_a, IBV_WR_RDMA_WRITE, 900, 0, 0);
   post_op(&g_a, IBV_WR_RDMA_WRITE_WITH_IMM, 200, SIG, 0x5bf0);
   post_op(&g_b, IBV_WR_SEND_WITH_IMM, 150, SIG, 0x5bf1);
+  wait_for(all_done, POLL_BOTH, "the traffic posted after the cut");
+}
+
+/* A black hole on the idle standby (issue 20 item 1, standby_dead): fake1, A's standby, drops
+   every packet while fake0 carries the traffic; no port changes, so only the shims' probes of
+   the idle standby (VERBS_FAILOVER_PROBE_MS, 20 ms here) can tell. Both QPs must be reported
+   unprotected, the traffic on the primary going on unharmed and checked; once fake1 is repaired
+   and the hold (300 ms here) is over, both must be protected again. Then fake0 dies: the
+   failover must go over the re-armed standby. Without the probes the QPs stay "protected" and
+   the first wait times out. */
+void scenario_standby_silent(void) {
+  g_qp_protected = (qp_protected_fn)dlsym(RTLD_DEFAULT, "verbs_failover_debug_qp_protected");
+  int (*set_hold_ms)(unsigned) =
+      (int (*)(unsigned))dlsym(RTLD_DEFAULT, "verbs_failover_debug_set_hold_down_ms");
+  if (g_qp_protected == NULL || set_hold_ms == NULL) {
+    g_qp_protected = NULL;
+    printf("no shim: the probes are not observed\n");
+  } else if (set_hold_ms(300) != 0) {
+    setup_fail("verbs_failover_debug_set_hold_down_ms(300)");
+  }
+  setup(48, 48);
+  warmup();
+  const struct protection_want all_protected[2] = {{&g_a, 1, NULL}, {&g_b, 1, NULL}};
+  if (wait_protection(all_protected, 2, "A and B are protected") != 0) return;
+  printf("black hole: fake1 (A's standby) drops every packet\n");
+  if (fv.set_drop(1, 1) != 0) setup_fail("fake_verbs_set_drop(1, 1)");
+  const struct protection_want lost[2] = {{&g_a, 0, "standby path"}, {&g_b, 0, "standby path"}};
+  if (wait_protection(lost, 2, "both QPs say their standby failed") != 0) return;
+  post_op(&g_a, IBV_WR_RDMA_WRITE, 700, 0, 0);
+  post_op(&g_a, IBV_WR_RDMA_WRITE_WITH_IMM, 120, SIG, 0x5d01);
+  post_op(&g_b, IBV_WR_SEND, 60, SIG, 0);
+  if (wait_for(all_done, POLL_BOTH, "traffic on the primary while the standby is a black hole") !=
+      0)
+    return;
+  printf("repair: fake1 stops dropping\n");
+  if (fv.set_drop(1, 0) != 0) setup_fail("fake_verbs_set_drop(1, 0)");
+  if (wait_protection(all_protected, 2, "A and B are protected again") != 0) return;
+  do_cut();
+  post_op(&g_a, IBV_WR_RDMA_WRITE, 900, 0, 0);
+  post_op(&g_a, IBV_WR_RDMA_WRITE_WITH_IMM, 200, SIG, 0x5df0);
+  post_op(&g_b, IBV_WR_SEND_WITH_IMM, 150, SIG, 0x5df1);
   wait_for(all_done, POLL_BOTH, "the traffic posted after the cut");
 }
 

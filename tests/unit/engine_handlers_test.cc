@@ -141,7 +141,7 @@ TEST_CASE("PathStatus: the peer's end of the idle standby lost its port", "[engi
     vf::failover::handle_path_status(*rig.e, status);
     CHECK(rig.v->path[vf::kStandby].failed);
     CHECK(rig.p->rearm[vf::kStandby].needed);
-    CHECK(rig.p->unprotected_reason.find("lost its port") != std::string::npos);
+    CHECK(rig.p->unprotected_reason.find("the peer's end of its standby path failed") != std::string::npos);
   }
   SECTION("from an earlier pair of a reused QP number: ignored") {
     status.local.qpn = 99;

@@ -33,6 +33,8 @@ vf::StatsSnapshot sample_snapshot() {
   qp.replayed_wrs = 3;
   qp.hidden_error_completions = 5;
   qp.synthesized_completions = 1;
+  qp.standby_probes = 42;
+  qp.standby_probe_failures = 2;
   qp.events.push_back({"failover", "port_down", "primary", "standby", 1764680000000000000ull,
                        1764680000012000000ull, 3});
   snapshot.qps.push_back(qp);
@@ -96,9 +98,9 @@ TEST_CASE("stats JSON: the exact layout, totals computed from QPs and devices") 
     {"name": "rxe0", "port": 1, "state": "DOWN", "backup": "rxe1/1", "port_changes": 1, "hidden_async_events": 1}
   ],
   "qps": [
-    {"qpn": 17, "device": "rxe0/1", "backup": "rxe1/1", "peer": "other_process", "protected": true, "path": "standby", "state": "standby", "unprotected_reason": "", "failovers": 1, "failbacks": 0, "replayed_wrs": 3, "hidden_error_completions": 5, "hidden_async_events": 0, "synthesized_completions": 1,
+    {"qpn": 17, "device": "rxe0/1", "backup": "rxe1/1", "peer": "other_process", "protected": true, "path": "standby", "state": "standby", "unprotected_reason": "", "failovers": 1, "failbacks": 0, "replayed_wrs": 3, "hidden_error_completions": 5, "hidden_async_events": 0, "synthesized_completions": 1, "standby_probes": 42, "standby_probe_failures": 2,
      "events": [{"kind": "failover", "reason": "port_down", "from": "primary", "to": "standby", "detected_unix_ns": 1764680000000000000, "resumed_unix_ns": 1764680000012000000, "ms": 12.000, "replayed_wrs": 3}]},
-    {"qpn": 18, "device": "rxe0/1", "backup": null, "peer": null, "protected": false, "path": "primary", "state": "unprotected", "unprotected_reason": "no backup device", "failovers": 0, "failbacks": 0, "replayed_wrs": 0, "hidden_error_completions": 0, "hidden_async_events": 0, "synthesized_completions": 0,
+    {"qpn": 18, "device": "rxe0/1", "backup": null, "peer": null, "protected": false, "path": "primary", "state": "unprotected", "unprotected_reason": "no backup device", "failovers": 0, "failbacks": 0, "replayed_wrs": 0, "hidden_error_completions": 0, "hidden_async_events": 0, "synthesized_completions": 0, "standby_probes": 0, "standby_probe_failures": 0,
      "events": []}
   ]
 }

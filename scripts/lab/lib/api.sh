@@ -71,6 +71,11 @@ shim_log_count() {
   cat "$SCEN_DIR/$1/$2".vf.*.log 2>/dev/null | grep -Ec -- "$3" || true
 }
 
+# shim_says HOST JOB REGEX: the job's shim log has a line matching REGEX.
+shim_says() {
+  (($(shim_log_count "$1" "$2" "$3") > 0))
+}
+
 # Sets _ID (a command substitution could not stop the scenario on an unknown job).
 _job_id() {
   _ID=${SCEN_JOB[$1:$2]:-}

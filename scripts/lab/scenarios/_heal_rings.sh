@@ -51,7 +51,7 @@ heal_rings() {
     # Process 0 moved to rail 1 (each QP logs its resumed traffic); process 1 lost its standby.
     heal_wait "traffic resumed on the standby" 'traffic resumed on the standby path' 'failover primary -> standby done' A:p0 B:p0 || rc=1
     heal_wait "unprotected (its own standby port)" "unprotected — its standby path's port rxe0/1 is down" '' A:p1 || rc=1
-    heal_wait "unprotected (told by A's shim)" "unprotected — the peer's end of its standby path lost its port" '' B:p1 || rc=1
+    heal_wait "unprotected (told by A's shim)" "unprotected — the peer's end of its standby path failed" '' B:p1 || rc=1
     fault restore A rail0
     wait_guest A 30 port_state rxe0 ACTIVE || lab_fail "rxe0 on A did not come back ACTIVE"
     heal_wait "every failover failed back" 'failback standby -> primary done' 'failover primary -> standby done' A:p0 B:p0 || rc=1

@@ -101,8 +101,3 @@ scenario_run() {
 failed_back_or_ended() {
   shim_says "$1" "$2" 'failback standby -> primary done' || [[ -n $(job_rc "$1" "$2") ]]
 }
-
-# shim_says HOST JOB REGEX: the job's shim log has a line matching REGEX.
-shim_says() {
-  (($(shim_log_count "$1" "$2" "$3") > 0))
-}
