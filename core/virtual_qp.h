@@ -125,6 +125,7 @@ struct CqState {
   // completion as the application's poll would; the stash grows as needed, so nothing is left.
   static constexpr int kDrainBatch = 16;
   void drain_into_stash(int path);
+  void drain_into_stash_locked(int path);  // the same, under lock
   // Engine, while no QP of the CQ runs on the shadow (shadow_active false: no application thread
   // polls the shadow then, and only the engine sets the flag): polls the shadow without the CQ's
   // lock, so that the probes of idle standbys (core/failover/path_probe.h) never revoke the

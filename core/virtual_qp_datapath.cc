@@ -672,6 +672,11 @@ int CqState::poll_merged_locked(int num_entries, ibv_wc* wc) {
 
 void CqState::drain_into_stash(int p) {
   lock.lock();
+  drain_into_stash_locked(p);
+  lock.unlock();
+}
+
+void CqState::drain_into_stash_locked(int p) {
   ibv_wc batch[kDrainBatch];
   for (;;) {
     if (p == kStandby && shadow == nullptr) break;
@@ -684,7 +689,6 @@ void CqState::drain_into_stash(int p) {
     if (raw < kDrainBatch) break;  // the provider's CQ is empty (hidden ones count as polled)
   }
   if (stash.size() > 0) stash_nonempty.store(true, std::memory_order_relaxed);
-  lock.unlock();
 }
 
 bool CqState::poll_idle_shadow() {

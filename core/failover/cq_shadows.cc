@@ -168,11 +168,13 @@ void retire_shadow_if_unused(Engine& e, CqState& cq) {
     if (v.send_cq != &cq && v.recv_cq != &cq) continue;
     if (p.sw.in_progress || v.active_path() == kStandby) return;
   }
-  // Off first: a poller that read "active" under the CQ's lock is done with the shadow once the
-  // drain has the lock, and none polls it after; the engine may then poll it without the lock
-  // (CqState::poll_idle_shadow).
+  // Drained and marked inactive under one hold of the CQ's lock: a poller after it finds the
+  // shadow's completions in the stash, and none polls the shadow any more, so the engine may poll
+  // it without the lock (CqState::poll_idle_shadow).
+  cq.lock.lock();
+  cq.drain_into_stash_locked(kStandby);
   cq.shadow_active.store(false);
-  cq.drain_into_stash(kStandby);
+  cq.lock.unlock();
 }
 
 bool reserve_shadow_entries(Engine& e, CqState& state, std::uint32_t entries) {

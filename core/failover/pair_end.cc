@@ -76,7 +76,7 @@ void handle_pair_ended(Engine& e, Protection& p) {
   if (p.ended) return;
   // A switch waiting for the peer's answer gets none: it ends now, and the application sees the
   // errors that started it, as it would have without the shim.
-  if (p.sw.in_progress) abort_switch(e, p, "the peer's QP failed for good");
+  if (p.sw.in_progress) abort_switch(p, "the peer's QP failed for good");
   end_path_wait(e, p, "the peer's QP failed for good while this QP waited for a path");
   set_unprotected(p, "the peer's QP failed for good (its application saw it fail or took it "
                      "down) or runs pass-through for good; this QP stays on the path it uses, "

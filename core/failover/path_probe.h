@@ -5,9 +5,10 @@
 // posts, every Engine::probe_interval_ns (VERBS_FAILOVER_PROBE_MS), one zero-length RDMA WRITE
 // on each paired QP's standby: it touches no memory, needs no rkey (C9-88), consumes no receive
 // and completes on the standby's CQ, the CQ's shadow, where the data path hides it
-// (is_probe_wr_id). A probe that fails with a link-class error, or is not answered in
-// kProbeAnswerTimeoutNs, fails the standby as a silent failure: held down, reported unprotected,
-// the peer told (PathStatus), re-armed after the hold, and probed again.
+// (is_probe_wr_id). A probe that fails with a link-class error, or is not answered in twice its
+// retries' time (at least kProbeAnswerTimeoutNs), fails the standby as a silent failure: held
+// down, reported unprotected, the peer told (PathStatus), re-armed after the hold, and probed
+// again.
 #pragma once
 
 #include <cstdint>

@@ -196,6 +196,12 @@ void handle_rearm(Engine& e, const vf::Rearm& message) {
   }
   p->rearm[path].answered_nonce = message.nonce;
   send_rearm(e, *p, path, true, message.nonce);
+  // Our end is connected, the asker's only when this answer reaches it; if it is lost, only at its
+  // next request (after its re-arm retry). No probe of the standby meanwhile (path_probe.h): it
+  // would meet a QP in INIT and fail a sound path.
+  if (path == kStandby) {
+    p->probe.quiet_until_ns = monotonic_ns() + e.rearm_retry_ns + kProbeQuietAfterConnectNs;
+  }
   path_restored(e, *p, path, false);
 }
 

@@ -328,7 +328,7 @@ std::vector<ibv_wc> unposted_request_flushes_locked(const VirtualQp& v) {
   return flushed;
 }
 
-void abort_switch(Engine& e, Protection& p, const char* why) {
+void abort_switch(Protection& p, const char* why) {
   VirtualQp& v = *p.qp;
   VF_LOG_ERROR(
       "qp {}: the switch to the {} path cannot complete ({}); the application sees the "
@@ -351,10 +351,6 @@ void abort_switch(Engine& e, Protection& p, const char* why) {
   v.send_cq->lock.lock();
   for (const ibv_wc& wc : flushed) v.send_cq->stash_for_application(wc);
   v.send_cq->lock.unlock();
-  // Left marked active, a shadow would be polled by the application for good, and the probes of
-  // its CQ's other QPs would wake an application asleep on its channel (path_probe.h).
-  retire_shadow_if_unused(e, *v.send_cq);
-  if (v.recv_cq != v.send_cq) retire_shadow_if_unused(e, *v.recv_cq);
   set_unprotected(p, fmt::format("a switch failed ({})", why));
 }
 
@@ -423,7 +419,7 @@ FailoverReply switch_reply(const Protection& p) {
 void ask_peer_to_switch(Engine& e, Protection& p, FailoverReason reason) {
   p.sw.request_sent_ns = monotonic_ns();
   if (!send_to_peer(e, p, switch_request(p, reason))) {
-    return abort_switch(e, p, "the peer's shim cannot be reached");
+    return abort_switch(p, "the peer's shim cannot be reached");
   }
   if (p.sw.peer_known) finish_switch(e, p);
 }

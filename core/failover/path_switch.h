@@ -38,8 +38,7 @@ void release_held_errors(Protection& p);
 // the application gets what it would have got without the shim — the old path's error
 // completions (held), and a flush error for every signaled request it posted during the switch
 // that reached no QP.
-// Its CQs' shadows stop being polled by the application if no other QP runs there.
-void abort_switch(Engine& e, Protection& p, const char* why);
+void abort_switch(Protection& p, const char* why);
 
 // Requests recorded but never posted (a switch held them, or a key's translation is missing)
 // reached no QP: a flush completion for each, as a QP in ERR would have completed it, in order.

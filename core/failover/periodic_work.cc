@@ -119,7 +119,7 @@ void periodic_work(Engine& e) {
     resend_switch_request(e, p, now);
     if (p.sw.in_progress && !p.sw.peer_known && now > p.sw.started_monotonic_ns &&
         now - p.sw.started_monotonic_ns > kSwitchAnswerTimeoutNs) {
-      abort_switch(e, p, "no answer from the peer's shim within 10 s");
+      abort_switch(p, "no answer from the peer's shim within 10 s");
     }
     if (p.pairing && p.awaiting_session != 0 && now > p.awaiting_since_ns &&
         now - p.awaiting_since_ns > kPairingAnswerTimeoutNs) {

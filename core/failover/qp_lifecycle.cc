@@ -407,9 +407,6 @@ void qp_destroying(Engine& e, ibv_qp* qp) {
   p.rearm[0] = {};
   p.rearm[1] = {};
   p.local = QpKey{};  // no longer matches a peer's message
-  // A QP destroyed on its standby leaves its CQs' shadows to no one (see abort_switch).
-  retire_shadow_if_unused(e, *v->send_cq);
-  if (v->recv_cq != v->send_cq) retire_shadow_if_unused(e, *v->recv_cq);
 }
 
 }  // namespace vf::failover

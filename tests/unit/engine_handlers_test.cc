@@ -309,11 +309,7 @@ TEST_CASE("A switch given up flushes every request posted during it, unsignaled 
   rig.post_send(3, false);
   rig.post_send(4);
   CHECK(g_posts.empty());  // held: the switch is not done
-  REQUIRE(rig.cq_state->shadow_active.load());  // the switch to the standby began there
-  vf::failover::abort_switch(*rig.e, *rig.p, "test: the peer never answered");
-  // No QP of the CQ runs on the shadow any more: the application stops polling it (left active,
-  // the probes of other idle standbys there would wake an application asleep on its channel).
-  CHECK_FALSE(rig.cq_state->shadow_active.load());
+  vf::failover::abort_switch(*rig.p, "test: the peer never answered");
   ibv_wc wc[8]{};
   const int n = rig.cq_state->poll(8, wc);
   REQUIRE(n == 4);

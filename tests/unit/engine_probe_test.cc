@@ -215,3 +215,29 @@ TEST_CASE("Probes: a standby just connected (paired or re-armed) is not probed u
   probe_idle_standby(*rig.e, *rig.p, connected + vf::failover::kProbeQuietAfterConnectNs + 1, true);
   CHECK(probes_posted(&rig.standby_qp).size() == 1);
 }
+
+TEST_CASE("Probes: after answering a re-arm of the standby, no probe until the asker could have "
+          "asked again (its answer may be lost)",
+          "[engine][probe]") {
+  Rig rig;
+  rig.e->probe_interval_ns = kPeriodNs;
+  rig.p->attrs.have_rts = true;
+  vf::Rearm request;
+  request.local = rig.p->remote;
+  request.remote = rig.p->local;
+  request.path = vf::kStandby;
+  request.nonce = 3;
+  request.qpn = 44;
+  request.gid = gid(3);
+  request.psn = 300;
+  const std::uint64_t before = vf::monotonic_ns();
+  vf::failover::handle_rearm(*rig.e, request);
+  REQUIRE(rig.p->rearm[vf::kStandby].answered_nonce == 3);  // answered: our end is connected
+  const std::uint64_t quiet = rig.e->rearm_retry_ns + vf::failover::kProbeQuietAfterConnectNs;
+  CHECK(rig.p->probe.quiet_until_ns >= before + quiet);
+  g_posts.clear();
+  probe_idle_standby(*rig.e, *rig.p, before + vf::failover::kProbeQuietAfterConnectNs + 1, true);
+  CHECK(probes_posted(&rig.standby_qp).empty());
+  probe_idle_standby(*rig.e, *rig.p, vf::monotonic_ns() + quiet + 1, true);
+  CHECK(probes_posted(&rig.standby_qp).size() == 1);
+}
