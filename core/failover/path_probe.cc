@@ -22,9 +22,8 @@ bool standby_idles(const Engine& e, const Protection& p) {
   const VirtualQp& v = *p.qp;
   return e.probe_interval_ns != 0 && !p.probe.disabled && p.paired && !p.ended && !p.destroyed &&
          !p.sw.in_progress && !p.path_wait.active && !p.failback_deferred &&
-         !p.standby_rts_pending && v.active_path() == kPrimary &&
-         v.path[kStandby].qp != nullptr && v.send_cq->shadow != nullptr &&
-         v.path[kStandby].connected.load() &&
+         !p.standby_rts_pending && v.active_path() == kPrimary && v.path[kStandby].qp != nullptr &&
+         v.send_cq->shadow != nullptr && v.path[kStandby].connected.load() &&
          !v.path[kStandby].failed.load() && !p.rearm[kStandby].needed && !v.standby_lost() &&
          !v.application_failed.load();
 }
@@ -82,9 +81,10 @@ void standby_probe_failed(Engine& e, Protection& p, const std::string& what, boo
     // Not a failure of the path (it answered): a device or peer that does not take zero-length
     // writes. Probing it would fail its standby every round.
     p.probe.disabled = true;
-    VF_LOG_WARN("qp {}: its standby path refused a probe ({}); this QP's standby is not probed "
-                "any more, and is re-armed",
-                v.vqpn, what);
+    VF_LOG_WARN(
+        "qp {}: its standby path refused a probe ({}); this QP's standby is not probed "
+        "any more, and is re-armed",
+        v.vqpn, what);
   }
   if (!silent || !hold_down_if_silent(e, p, kStandby, now, false)) {
     set_unprotected(p, fmt::format("its standby path failed a probe ({}); running on the primary "
@@ -137,9 +137,10 @@ void probe_idle_standby(Engine& e, Protection& p, std::uint64_t now, bool round_
     return;
   }
   if (answered) {
-    standby_probe_failed(e, p, fmt::format("completion status {} ({})", wc_status_name(status),
-                                                     static_cast<int>(status)),
-                         is_link_failure(status), now);
+    standby_probe_failed(
+        e, p,
+        fmt::format("completion status {} ({})", wc_status_name(status), static_cast<int>(status)),
+        is_link_failure(status), now);
     return;
   }
   if (const std::uint64_t limit = answer_timeout_ns(e);
